@@ -1,0 +1,288 @@
+"""Model configuration: the handful of numbers that fix a Llama-family model's shapes.
+
+Introduced in chapter 1 (Exercise 1.6). A ``ModelConfig`` is built from a
+GGUF file's metadata or from a Hugging Face ``config.json`` dict; both give
+the same config for the same model. From it follow the parameter count,
+the bytes the weights take in a given format, the KV-cache bytes per token
+and the FLOPs per token.
+
+Shapes used throughout the engine (names as in the fields below)::
+
+    token embedding      [vocab_size, hidden_size]
+    W_q                  [n_heads * head_dim, hidden_size]
+    W_k, W_v             [n_kv_heads * head_dim, hidden_size]
+    W_o                  [hidden_size, n_heads * head_dim]
+    W_gate, W_up         [intermediate_size, hidden_size]
+    W_down               [hidden_size, intermediate_size]
+    RMSNorm weights      [hidden_size]   (two per layer, one final)
+
+Floats (``rope_theta``, ``rms_norm_eps``) are rounded to float32 by both
+constructors, because that is how GGUF stores them and how the engine
+computes with them; so a GGUF and a ``config.json`` of one model compare equal.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from .formats.ggml_types import GGMLType, type_by_name, type_traits
+
+if TYPE_CHECKING:
+    from .formats.gguf import GGUFFile
+
+
+class ConfigError(ValueError):
+    """A model configuration is missing a value or is impossible. The message says which."""
+
+
+# bytes per cached K or V element, by cache dtype
+KV_DTYPE_BYTES: dict[str, float] = {"f32": 4, "f16": 2, "bf16": 2, "fp8": 1, "q8_0": 34 / 32}
+
+
+def _f32(x: float) -> float:
+    return float(np.float32(x))
+
+
+def _hf_rope_theta(config: Mapping[str, Any]) -> float:
+    """transformers < 5 writes ``rope_theta``; 5 moved it into ``rope_parameters``."""
+    if config.get("rope_theta") is not None:
+        return float(config["rope_theta"])
+    params = config.get("rope_parameters") or {}
+    return float(params.get("rope_theta", 10000.0))
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Architecture hyper-parameters of a decoder-only Llama-family transformer.
+
+    Attributes:
+        vocab_size: number of token ids (rows of the embedding table).
+        hidden_size: model width d, the size of every residual-stream vector.
+        intermediate_size: width of the SwiGLU MLP's hidden layer.
+        n_layers: number of decoder blocks.
+        n_heads: query heads per attention layer.
+        n_kv_heads: key/value heads (grouped-query attention: each serves
+            ``n_heads // n_kv_heads`` query heads).
+        head_dim: size of one head's query/key/value vectors.
+        context_length: longest sequence the model was trained for.
+        rope_theta: base of the rotary position embedding frequencies.
+        rms_norm_eps: epsilon added inside RMSNorm's square root.
+        tie_embeddings: the output head reuses the token embedding matrix.
+        architecture: model family, as GGUF's ``general.architecture`` names it.
+    """
+
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    context_length: int
+    rope_theta: float
+    rms_norm_eps: float
+    tie_embeddings: bool
+    architecture: str = "llama"
+
+    # -- constructors ------------------------------------------------------
+
+    @classmethod
+    def from_gguf(cls, gguf: GGUFFile) -> ModelConfig:
+        """Build the config from a parsed GGUF file (``llmrs_core.formats.gguf.read_gguf``).
+
+        Reads ``general.architecture`` and the ``{arch}.*`` keys
+        (``block_count``, ``embedding_length``, ``feed_forward_length``,
+        ``attention.head_count``, ``attention.head_count_kv``, ...).
+        Embeddings are tied when the file has no ``output.weight`` tensor.
+        """
+        md = gguf.metadata
+
+        def need(key: str) -> Any:
+            if key not in md:
+                raise ConfigError(f"{gguf.path}: GGUF metadata lacks {key!r}")
+            return md[key]
+
+        arch = need("general.architecture")
+        hidden = need(f"{arch}.embedding_length")
+        n_heads = need(f"{arch}.attention.head_count")
+        if hidden % n_heads and f"{arch}.attention.key_length" not in md:
+            raise ConfigError(
+                f"hidden size {hidden} is not divisible by the {n_heads} attention heads"
+            )
+        if f"{arch}.vocab_size" in md:
+            vocab = md[f"{arch}.vocab_size"]
+        elif "tokenizer.ggml.tokens" in md:
+            vocab = len(md["tokenizer.ggml.tokens"])
+        elif "token_embd.weight" in gguf.tensors:
+            vocab = gguf.tensors["token_embd.weight"].shape[0]
+        else:
+            raise ConfigError(
+                f"{gguf.path}: cannot tell the vocabulary size (no {arch}.vocab_size, "
+                "no tokenizer.ggml.tokens, no token_embd.weight)"
+            )
+        config = cls(
+            vocab_size=int(vocab),
+            hidden_size=int(hidden),
+            intermediate_size=int(need(f"{arch}.feed_forward_length")),
+            n_layers=int(need(f"{arch}.block_count")),
+            n_heads=int(n_heads),
+            n_kv_heads=int(md.get(f"{arch}.attention.head_count_kv", n_heads)),
+            head_dim=int(md.get(f"{arch}.attention.key_length", hidden // n_heads)),
+            context_length=int(need(f"{arch}.context_length")),
+            rope_theta=_f32(md.get(f"{arch}.rope.freq_base", 10000.0)),
+            rms_norm_eps=_f32(need(f"{arch}.attention.layer_norm_rms_epsilon")),
+            tie_embeddings="output.weight" not in gguf.tensors,
+            architecture=str(arch),
+        )
+        config.validate()
+        return config
+
+    @classmethod
+    def from_hf_config(cls, config: Mapping[str, Any]) -> ModelConfig:
+        """Build the config from a Hugging Face ``config.json`` (as a dict).
+
+        Uses transformers' ``LlamaConfig`` defaults for keys that are absent
+        (``num_key_value_heads`` = ``num_attention_heads``, ``rope_theta`` = 1e4,
+        read from ``rope_parameters`` in transformers >= 5 configs,
+        ``rms_norm_eps`` = 1e-6, ``tie_word_embeddings`` = False).
+        """
+
+        def need(key: str) -> Any:
+            if key not in config:
+                raise ConfigError(f"config.json lacks {key!r}")
+            return config[key]
+
+        hidden = int(need("hidden_size"))
+        n_heads = int(need("num_attention_heads"))
+        if "head_dim" in config and config["head_dim"] is not None:
+            head_dim = int(config["head_dim"])
+        elif hidden % n_heads:
+            raise ConfigError(
+                f"hidden size {hidden} is not divisible by the {n_heads} attention heads"
+            )
+        else:
+            head_dim = hidden // n_heads
+        result = cls(
+            vocab_size=int(need("vocab_size")),
+            hidden_size=hidden,
+            intermediate_size=int(need("intermediate_size")),
+            n_layers=int(need("num_hidden_layers")),
+            n_heads=n_heads,
+            n_kv_heads=int(config.get("num_key_value_heads") or n_heads),
+            head_dim=head_dim,
+            context_length=int(config.get("max_position_embeddings", 2048)),
+            rope_theta=_f32(_hf_rope_theta(config)),
+            rms_norm_eps=_f32(config.get("rms_norm_eps", 1e-6)),
+            tie_embeddings=bool(config.get("tie_word_embeddings", False)),
+            architecture=str(config.get("model_type", "llama")),
+        )
+        result.validate()
+        return result
+
+    # -- validation --------------------------------------------------------
+
+    def validate(self) -> None:
+        """Raise ``ConfigError`` naming the first impossible value; return None if all is well."""
+        for name in (
+            "vocab_size", "hidden_size", "intermediate_size", "n_layers",
+            "n_heads", "n_kv_heads", "head_dim", "context_length",
+        ):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0:
+                raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+        if self.hidden_size % self.n_heads:
+            raise ConfigError(
+                f"hidden_size {self.hidden_size} is not divisible by n_heads {self.n_heads}"
+            )
+        if self.n_heads * self.head_dim != self.hidden_size:
+            raise ConfigError(
+                f"n_heads * head_dim = {self.n_heads} * {self.head_dim} = "
+                f"{self.n_heads * self.head_dim}, but hidden_size is {self.hidden_size}"
+            )
+        if self.n_heads % self.n_kv_heads:
+            raise ConfigError(
+                f"{self.n_heads} query heads cannot be shared evenly by {self.n_kv_heads} "
+                "KV heads (grouped-query attention needs n_heads % n_kv_heads == 0)"
+            )
+        if self.head_dim % 2:
+            raise ConfigError(f"head_dim {self.head_dim} is odd; RoPE rotates pairs of dimensions")
+        if not (self.rope_theta > 0 and np.isfinite(self.rope_theta)):
+            raise ConfigError(f"rope_theta must be a positive number, got {self.rope_theta!r}")
+        if not 0 < self.rms_norm_eps < 1:
+            raise ConfigError(f"rms_norm_eps must be in (0, 1), got {self.rms_norm_eps!r}")
+
+    # -- sizes ---------------------------------------------------------------
+
+    def param_counts(self) -> dict[str, int]:
+        """Parameters by component; tied embeddings are counted once (``output`` is 0).
+
+        Keys: ``embedding``, ``attention`` (W_q, W_k, W_v, W_o of all layers),
+        ``mlp`` (W_gate, W_up, W_down of all layers), ``norms`` (2 per layer
+        + final), ``output`` (the LM head, when not tied).
+        """
+        d, hd = self.hidden_size, self.head_dim
+        q_out, kv_out = self.n_heads * hd, self.n_kv_heads * hd
+        per_layer_attn = d * q_out + 2 * d * kv_out + q_out * d
+        per_layer_mlp = 3 * d * self.intermediate_size
+        return {
+            "embedding": self.vocab_size * d,
+            "attention": self.n_layers * per_layer_attn,
+            "mlp": self.n_layers * per_layer_mlp,
+            "norms": (2 * self.n_layers + 1) * d,
+            "output": 0 if self.tie_embeddings else self.vocab_size * d,
+        }
+
+    @property
+    def n_params(self) -> int:
+        """Total parameter count (the sum of :meth:`param_counts`)."""
+        return sum(self.param_counts().values())
+
+    def weight_bytes(self, fmt: str = "f32") -> int:
+        """Bytes of all weights with every matrix stored as ``fmt`` and norms in f32.
+
+        ``fmt`` is a ggml type name: ``f32``, ``f16``, ``bf16``, ``q8_0``,
+        ``q4_0``, ``q4_1``, ``q4_k``, ``q6_k``, ... A block format of ``block_size``
+        weights in ``type_size`` bytes costs ``type_size / block_size`` bytes a weight
+        (Q4_1: 20 / 32 = 0.625, i.e. 5 bits).
+        """
+        traits = type_traits(type_by_name(fmt))
+        counts = self.param_counts()
+        matrices = self.n_params - counts["norms"]
+        norm_bytes = counts["norms"] * type_traits(GGMLType.F32).type_size
+        return matrices * traits.type_size // traits.block_size + norm_bytes
+
+    def kv_bytes_per_token(self, dtype: str = "f16") -> int:
+        """KV-cache bytes one token takes: K and V, every layer, every KV head.
+
+        ``2 * n_layers * n_kv_heads * head_dim * bytes(dtype)``; ``dtype`` is one of
+        ``f32``, ``f16``, ``bf16``, ``fp8``, ``q8_0``.
+        """
+        if dtype not in KV_DTYPE_BYTES:
+            raise ConfigError(f"unknown KV-cache dtype {dtype!r}; choose one of {sorted(KV_DTYPE_BYTES)}")
+        elements = 2 * self.n_layers * self.n_kv_heads * self.head_dim
+        return int(elements * KV_DTYPE_BYTES[dtype])
+
+    def kv_cache_bytes(self, n_tokens: int, dtype: str = "f16", batch_size: int = 1) -> int:
+        """KV-cache bytes for ``batch_size`` sequences of ``n_tokens`` tokens each."""
+        if n_tokens < 0 or batch_size < 0:
+            raise ConfigError(f"n_tokens and batch_size must be >= 0, got {n_tokens}, {batch_size}")
+        return self.kv_bytes_per_token(dtype) * n_tokens * batch_size
+
+    def flops_per_token(self, context_length: int = 0) -> int:
+        """Floating-point operations to process one token attending to ``context_length`` tokens.
+
+        Each weight of a matrix-vector product costs a multiply and an add
+        (2 FLOPs); the embedding lookup costs none, but the output head (tied
+        or not) is a ``vocab_size x hidden_size`` product. Attention adds
+        ``q . k`` and ``p . v`` for every head and past token:
+        ``4 * n_layers * n_heads * head_dim * context_length``. Norms, RoPE,
+        softmax and SiLU are lower-order and left out.
+        """
+        counts = self.param_counts()
+        matmul_params = counts["attention"] + counts["mlp"] + self.vocab_size * self.hidden_size
+        attention = 4 * self.n_layers * self.n_heads * self.head_dim * context_length
+        return 2 * matmul_params + attention

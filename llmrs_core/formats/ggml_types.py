@@ -1,0 +1,109 @@
+"""GGML tensor types: the storage formats a GGUF tensor can have.
+
+Introduced in chapter 1 (to count bytes on disk) and taught in depth in
+chapter 6 (quantisation). Each type stores ``block_size`` consecutive
+elements of a row in ``type_size`` bytes, so a row of ``n`` elements takes
+``n // block_size * type_size`` bytes. Numbers follow ggml's ``ggml.h`` /
+``ggml.c`` type traits.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+
+class GGMLType(enum.IntEnum):
+    """Numeric ids of ggml tensor types, as stored in a GGUF tensor info."""
+
+    F32 = 0
+    F16 = 1
+    Q4_0 = 2
+    Q4_1 = 3
+    Q5_0 = 6
+    Q5_1 = 7
+    Q8_0 = 8
+    Q8_1 = 9
+    Q2_K = 10
+    Q3_K = 11
+    Q4_K = 12
+    Q5_K = 13
+    Q6_K = 14
+    Q8_K = 15
+    I8 = 24
+    I16 = 25
+    I32 = 26
+    I64 = 27
+    F64 = 28
+    BF16 = 30
+
+
+@dataclass(frozen=True)
+class TypeTraits:
+    """How a ggml type packs elements: ``block_size`` elements in ``type_size`` bytes."""
+
+    block_size: int
+    type_size: int
+
+    @property
+    def bytes_per_weight(self) -> float:
+        return self.type_size / self.block_size
+
+
+QK_K = 256  # elements in one K-quant super-block
+
+TYPE_TRAITS: dict[GGMLType, TypeTraits] = {
+    GGMLType.F32: TypeTraits(1, 4),
+    GGMLType.F16: TypeTraits(1, 2),
+    GGMLType.BF16: TypeTraits(1, 2),
+    GGMLType.F64: TypeTraits(1, 8),
+    GGMLType.I8: TypeTraits(1, 1),
+    GGMLType.I16: TypeTraits(1, 2),
+    GGMLType.I32: TypeTraits(1, 4),
+    GGMLType.I64: TypeTraits(1, 8),
+    GGMLType.Q4_0: TypeTraits(32, 2 + 16),  # fp16 d, 32 nibbles
+    GGMLType.Q4_1: TypeTraits(32, 2 + 2 + 16),  # fp16 d, fp16 m, 32 nibbles
+    GGMLType.Q5_0: TypeTraits(32, 2 + 4 + 16),  # fp16 d, 32 high bits, nibbles
+    GGMLType.Q5_1: TypeTraits(32, 2 + 2 + 4 + 16),
+    GGMLType.Q8_0: TypeTraits(32, 2 + 32),  # fp16 d, 32 int8
+    GGMLType.Q8_1: TypeTraits(32, 4 + 4 + 32),  # f32 d, f32 s, 32 int8
+    GGMLType.Q2_K: TypeTraits(QK_K, QK_K // 16 + QK_K // 4 + 2 + 2),
+    GGMLType.Q3_K: TypeTraits(QK_K, QK_K // 8 + QK_K // 4 + 12 + 2),
+    GGMLType.Q4_K: TypeTraits(QK_K, 2 + 2 + 12 + QK_K // 2),
+    GGMLType.Q5_K: TypeTraits(QK_K, 2 + 2 + 12 + QK_K // 8 + QK_K // 2),
+    GGMLType.Q6_K: TypeTraits(QK_K, QK_K // 2 + QK_K // 4 + QK_K // 16 + 2),
+    GGMLType.Q8_K: TypeTraits(QK_K, 4 + QK_K + QK_K // 16 * 2),
+}
+
+
+def type_traits(type_id: int) -> TypeTraits:
+    """Traits of a ggml type id; ``ValueError`` naming the id if it is unknown."""
+    try:
+        return TYPE_TRAITS[GGMLType(type_id)]
+    except ValueError:
+        known = ", ".join(f"{t.name}={t.value}" for t in TYPE_TRAITS)
+        raise ValueError(f"unknown ggml tensor type id {type_id} (known: {known})") from None
+
+
+def type_by_name(name: str) -> GGMLType:
+    """``"q4_1"`` or ``"Q4_1"`` -> ``GGMLType.Q4_1``; ``ValueError`` listing the names if unknown."""
+    try:
+        return GGMLType[name.upper()]
+    except KeyError:
+        known = ", ".join(t.name.lower() for t in TYPE_TRAITS)
+        raise ValueError(f"unknown weight format {name!r}; choose one of: {known}") from None
+
+
+def tensor_nbytes(type_id: int, n_elements: int, row_length: int) -> int:
+    """Bytes taken by a tensor of ``n_elements`` whose rows are ``row_length`` long.
+
+    Raises ``ValueError`` if the row length is not a multiple of the block size
+    (such a tensor cannot be stored in that type).
+    """
+    traits = type_traits(type_id)
+    if row_length % traits.block_size:
+        raise ValueError(
+            f"row length {row_length} is not a multiple of the {GGMLType(type_id).name} "
+            f"block size {traits.block_size}"
+        )
+    return n_elements // traits.block_size * traits.type_size

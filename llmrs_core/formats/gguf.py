@@ -1,0 +1,527 @@
+"""GGUF reader and writer (introduced in chapter 1; taught in chapters 6 and 10).
+
+A GGUF file is, in order (all little-endian)::
+
+    magic "GGUF" | version u32 | tensor_count u64 | kv_count u64
+    kv_count x  (key: string, value_type: u32, value)
+    tensor_count x (name: string, n_dims: u32, ne: u64[n_dims], ggml_type: u32, offset: u64)
+    padding to `general.alignment` (default 32)
+    tensor data: each tensor at data_start + offset
+
+A string is a u64 byte length followed by UTF-8 bytes. An array value is an
+element type (u32), a count (u64) and the elements; arrays may nest.
+
+``ne`` lists dimensions fastest-varying first (ggml order). We expose
+``shape`` in NumPy order (slowest first), so ``token_embd.weight`` with
+``ne = [576, 49152]`` has ``shape == (49152, 576)``: one row per token.
+
+Every malformed input gives a ``GGUFError`` (a ``ValueError``) naming the
+file, the byte offset and the field, never a crash, a hang or a huge
+allocation: every count is checked against the bytes actually left.
+"""
+
+from __future__ import annotations
+
+import enum
+import mmap
+import os
+import struct
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .ggml_types import GGMLType, tensor_nbytes, type_traits
+
+GGUF_MAGIC = b"GGUF"
+DEFAULT_ALIGNMENT = 32
+MAX_DIMS = 4  # GGML_MAX_DIMS
+MAX_ARRAY_NESTING = 8
+
+
+class GGUFError(ValueError):
+    """A GGUF file is truncated, corrupt or unsupported. The message names where."""
+
+
+class GGUFValueType(enum.IntEnum):
+    """Type tags of GGUF metadata values."""
+
+    UINT8 = 0
+    INT8 = 1
+    UINT16 = 2
+    INT16 = 3
+    UINT32 = 4
+    INT32 = 5
+    FLOAT32 = 6
+    BOOL = 7
+    STRING = 8
+    ARRAY = 9
+    UINT64 = 10
+    INT64 = 11
+    FLOAT64 = 12
+
+
+# struct format of each fixed-size scalar type
+_SCALAR_FORMATS: dict[GGUFValueType, str] = {
+    GGUFValueType.UINT8: "<B",
+    GGUFValueType.INT8: "<b",
+    GGUFValueType.UINT16: "<H",
+    GGUFValueType.INT16: "<h",
+    GGUFValueType.UINT32: "<I",
+    GGUFValueType.INT32: "<i",
+    GGUFValueType.FLOAT32: "<f",
+    GGUFValueType.BOOL: "<?",
+    GGUFValueType.UINT64: "<Q",
+    GGUFValueType.INT64: "<q",
+    GGUFValueType.FLOAT64: "<d",
+}
+_NUMPY_DTYPES: dict[GGUFValueType, str] = {
+    t: np.dtype(fmt.replace("?", "B")).newbyteorder("<").str for t, fmt in _SCALAR_FORMATS.items()
+}
+
+
+@dataclass(frozen=True)
+class GGUFField:
+    """One metadata entry: its Python value and the GGUF types it was stored with.
+
+    ``element_type`` is set for arrays (for nested arrays: the innermost
+    non-array type is not tracked; ``element_type`` is ``ARRAY``).
+    """
+
+    value: Any
+    type: GGUFValueType
+    element_type: GGUFValueType | None = None
+
+
+@dataclass(frozen=True)
+class GGUFTensorInfo:
+    """Where one tensor lives in the file.
+
+    ``shape`` is in NumPy order (reversed ggml ``ne``); ``offset`` is relative
+    to the start of the data section; ``n_bytes`` is its stored size.
+    """
+
+    name: str
+    shape: tuple[int, ...]
+    ggml_type: GGMLType
+    offset: int
+    n_bytes: int
+
+    @property
+    def n_elements(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64)) if self.shape else 1
+
+
+class _Cursor:
+    """Bounds-checked little-endian reads from a buffer, for error messages with offsets."""
+
+    def __init__(self, buf: memoryview, source: str):
+        self.buf = buf
+        self.pos = 0
+        self.source = source
+
+    def remaining(self) -> int:
+        return len(self.buf) - self.pos
+
+    def fail(self, what: str, at: int | None = None) -> GGUFError:
+        at = self.pos if at is None else at
+        return GGUFError(f"{self.source}: {what} (at byte offset {at})")
+
+    def take(self, n: int, what: str) -> memoryview:
+        if n < 0 or n > self.remaining():
+            raise self.fail(
+                f"file truncated while reading {what}: needs {n} bytes, "
+                f"only {self.remaining()} left of {len(self.buf)}"
+            )
+        out = self.buf[self.pos : self.pos + n]
+        self.pos += n
+        return out
+
+    def scalar(self, vtype: GGUFValueType, what: str) -> Any:
+        fmt = _SCALAR_FORMATS[vtype]
+        start = self.pos
+        raw = self.take(struct.calcsize(fmt), what)
+        (value,) = struct.unpack(fmt, raw)
+        if vtype is GGUFValueType.BOOL and raw[0] not in (0, 1):
+            raise self.fail(f"{what}: boolean byte is {raw[0]}, expected 0 or 1", start)
+        return value
+
+    def u32(self, what: str) -> int:
+        return self.scalar(GGUFValueType.UINT32, what)
+
+    def u64(self, what: str) -> int:
+        return self.scalar(GGUFValueType.UINT64, what)
+
+    def string(self, what: str) -> str:
+        start = self.pos
+        n = self.u64(f"length of {what}")
+        if n > self.remaining():
+            raise self.fail(
+                f"{what}: string length {n} runs past the end of the file "
+                f"({self.remaining()} bytes left)",
+                start,
+            )
+        raw = self.take(n, what)
+        try:
+            return bytes(raw).decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise self.fail(f"{what}: not valid UTF-8 ({e.reason})", start) from None
+
+
+def _value_type(cur: _Cursor, what: str) -> GGUFValueType:
+    start = cur.pos
+    raw = cur.u32(f"value type of {what}")
+    try:
+        return GGUFValueType(raw)
+    except ValueError:
+        raise cur.fail(f"{what}: unknown metadata value type {raw}", start) from None
+
+
+def _read_value(cur: _Cursor, vtype: GGUFValueType, what: str, depth: int = 0) -> GGUFField:
+    if vtype is GGUFValueType.STRING:
+        return GGUFField(cur.string(what), vtype)
+    if vtype is not GGUFValueType.ARRAY:
+        return GGUFField(cur.scalar(vtype, what), vtype)
+
+    if depth >= MAX_ARRAY_NESTING:
+        raise cur.fail(f"{what}: arrays nested more than {MAX_ARRAY_NESTING} deep")
+    etype = _value_type(cur, f"elements of {what}")
+    start = cur.pos
+    count = cur.u64(f"element count of {what}")
+    # the smallest possible element: a fixed scalar, an empty string (8 bytes)
+    # or an empty array (12 bytes); a count that cannot fit is corrupt
+    min_size = struct.calcsize(_SCALAR_FORMATS[etype]) if etype in _SCALAR_FORMATS else (
+        8 if etype is GGUFValueType.STRING else 12
+    )
+    if count * min_size > cur.remaining():
+        raise cur.fail(
+            f"{what}: array of {count} {etype.name} elements cannot fit in the "
+            f"{cur.remaining()} bytes left",
+            start,
+        )
+    if etype in _NUMPY_DTYPES:
+        raw = cur.take(count * min_size, what)
+        arr = np.frombuffer(raw, dtype=_NUMPY_DTYPES[etype])
+        if etype is GGUFValueType.BOOL:
+            if np.any(arr > 1):
+                raise cur.fail(f"{what}: boolean array holds a byte other than 0 or 1", start)
+            arr = arr.astype(bool)
+        return GGUFField(arr.tolist(), vtype, etype)
+    items = [_read_value(cur, etype, f"{what}[{i}]", depth + 1).value for i in range(count)]
+    return GGUFField(items, vtype, etype)
+
+
+class GGUFFile:
+    """A parsed GGUF file: metadata, tensor infos and memory-mapped tensor data.
+
+    Use :func:`read_gguf` to open one. ``metadata`` maps keys to Python values
+    (arrays become lists); ``fields`` keeps the stored types too; ``tensors``
+    maps names to :class:`GGUFTensorInfo` in file order.
+    """
+
+    def __init__(self, path: str | os.PathLike[str]):
+        self.path = Path(path)
+        source = str(self.path)
+        try:
+            self.file_size = self.path.stat().st_size
+        except FileNotFoundError:
+            raise FileNotFoundError(f"GGUF file not found: {source}") from None
+        if self.file_size < 24:
+            raise GGUFError(
+                f"{source}: only {self.file_size} bytes; a GGUF header alone takes 24 "
+                "(is the file truncated or empty?)"
+            )
+        with open(self.path, "rb") as f:
+            self._mmap = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        try:
+            self._parse(_Cursor(memoryview(self._mmap), source))
+        except BaseException:
+            self.close()
+            raise
+
+    def _parse(self, cur: _Cursor) -> None:
+        magic = bytes(cur.take(4, "magic"))
+        if magic != GGUF_MAGIC:
+            raise cur.fail(f"not a GGUF file: magic is {magic!r}, expected {GGUF_MAGIC!r}", 0)
+        self.version = cur.u32("version")
+        if self.version not in (2, 3):
+            swapped = struct.unpack(">I", struct.pack("<I", self.version))[0]
+            if swapped in (2, 3):
+                raise cur.fail("big-endian GGUF files are not supported", 4)
+            if self.version == 1:
+                raise cur.fail(
+                    "GGUF version 1 (32-bit counts) is not supported; re-convert the model "
+                    "with a current llama.cpp",
+                    4,
+                )
+            raise cur.fail(f"unsupported GGUF version {self.version} (supported: 2, 3)", 4)
+        n_tensors = cur.u64("tensor count")
+        n_kv = cur.u64("metadata key/value count")
+        # each key/value takes >= 13 bytes and each tensor info >= 24
+        if n_kv * 13 + n_tensors * 24 > cur.remaining():
+            raise cur.fail(
+                f"header claims {n_kv} metadata entries and {n_tensors} tensors, "
+                f"which cannot fit in the {cur.remaining()} bytes left",
+                8,
+            )
+
+        self.fields: dict[str, GGUFField] = {}
+        for i in range(n_kv):
+            key_at = cur.pos
+            key = cur.string(f"key of metadata entry {i}")
+            if key in self.fields:
+                raise cur.fail(f"metadata key {key!r} appears twice", key_at)
+            vtype = _value_type(cur, f"metadata {key!r}")
+            self.fields[key] = _read_value(cur, vtype, f"metadata {key!r}")
+        self.metadata: dict[str, Any] = {k: f.value for k, f in self.fields.items()}
+
+        alignment = self.metadata.get("general.alignment", DEFAULT_ALIGNMENT)
+        if (
+            not isinstance(alignment, int)
+            or isinstance(alignment, bool)
+            or alignment <= 0
+            or alignment & (alignment - 1)
+        ):
+            raise GGUFError(
+                f"{cur.source}: general.alignment must be a positive power of two, got {alignment!r}"
+            )
+        self.alignment: int = alignment
+
+        infos: list[tuple[str, tuple[int, ...], GGMLType, int, int]] = []
+        seen: set[str] = set()
+        for i in range(n_tensors):
+            info_at = cur.pos
+            name = cur.string(f"name of tensor {i}")
+            if name in seen:
+                raise cur.fail(f"tensor name {name!r} appears twice", info_at)
+            seen.add(name)
+            n_dims = cur.u32(f"dimension count of tensor {name!r}")
+            if not 1 <= n_dims <= MAX_DIMS:
+                raise cur.fail(f"tensor {name!r} has {n_dims} dimensions (must be 1..{MAX_DIMS})")
+            ne = [cur.u64(f"dimension {d} of tensor {name!r}") for d in range(n_dims)]
+            if any(n == 0 for n in ne):
+                raise cur.fail(f"tensor {name!r} has a zero dimension {ne}")
+            type_at = cur.pos
+            type_id = cur.u32(f"type of tensor {name!r}")
+            try:
+                type_traits(type_id)
+            except ValueError as e:
+                raise cur.fail(f"tensor {name!r}: {e}", type_at) from None
+            offset = cur.u64(f"data offset of tensor {name!r}")
+            n_elements = 1
+            for n in ne:
+                n_elements *= n
+            try:
+                n_bytes = tensor_nbytes(type_id, n_elements, ne[0])
+            except ValueError as e:
+                raise cur.fail(f"tensor {name!r}: {e}", info_at) from None
+            infos.append((name, tuple(reversed(ne)), GGMLType(type_id), offset, n_bytes))
+
+        self.data_offset = -(-cur.pos // self.alignment) * self.alignment
+        data_size = self.file_size - self.data_offset
+        self.tensors: dict[str, GGUFTensorInfo] = {}
+        for name, shape, gtype, offset, n_bytes in infos:
+            if offset % self.alignment:
+                raise GGUFError(
+                    f"{cur.source}: tensor {name!r} data offset {offset} is not a multiple of "
+                    f"the alignment {self.alignment}"
+                )
+            if offset + n_bytes > data_size:
+                raise GGUFError(
+                    f"{cur.source}: tensor {name!r} needs bytes {self.data_offset + offset}.."
+                    f"{self.data_offset + offset + n_bytes} but the file has {self.file_size} "
+                    "bytes (truncated download?)"
+                )
+            self.tensors[name] = GGUFTensorInfo(name, shape, gtype, offset, n_bytes)
+        ordered = sorted(self.tensors.values(), key=lambda t: t.offset)
+        for a, b in zip(ordered, ordered[1:]):
+            if a.offset + a.n_bytes > b.offset:
+                raise GGUFError(f"{cur.source}: tensors {a.name!r} and {b.name!r} overlap in the file")
+
+    # -- tensor data -----------------------------------------------------
+
+    def tensor_bytes(self, name: str) -> np.ndarray:
+        """The stored bytes of tensor ``name`` as a read-only ``uint8`` view (no copy)."""
+        info = self._info(name)
+        start = self.data_offset + info.offset
+        return np.frombuffer(self._mmap, dtype=np.uint8, count=info.n_bytes, offset=start)
+
+    def tensor_array(self, name: str) -> np.ndarray:
+        """A float/int tensor as a read-only array of its NumPy ``shape`` (no copy).
+
+        Quantised types have no element dtype: use :meth:`tensor_bytes` and the
+        ``quant`` module (chapter 6) to dequantise them.
+        """
+        info = self._info(name)
+        dtypes = {
+            GGMLType.F32: "<f4",
+            GGMLType.F16: "<f2",
+            GGMLType.F64: "<f8",
+            GGMLType.I8: "i1",
+            GGMLType.I16: "<i2",
+            GGMLType.I32: "<i4",
+            GGMLType.I64: "<i8",
+        }
+        if info.ggml_type not in dtypes:
+            raise TypeError(
+                f"tensor {name!r} is {info.ggml_type.name}, a block format; read it with "
+                "tensor_bytes() and dequantise it"
+            )
+        return self.tensor_bytes(name).view(dtypes[info.ggml_type]).reshape(info.shape)
+
+    def _info(self, name: str) -> GGUFTensorInfo:
+        try:
+            return self.tensors[name]
+        except KeyError:
+            raise KeyError(f"no tensor named {name!r} in {self.path}") from None
+
+    # -- lifetime --------------------------------------------------------
+
+    def close(self) -> None:
+        """Release the memory map (arrays handed out earlier must not be used after)."""
+        mm = getattr(self, "_mmap", None)
+        if mm is not None:
+            try:
+                mm.close()
+            except BufferError:
+                # NumPy views still point into the map; it is freed when they are.
+                pass
+            self._mmap = None
+
+    def __enter__(self) -> GGUFFile:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return (
+            f"GGUFFile({str(self.path)!r}, version={self.version}, "
+            f"{len(self.metadata)} metadata keys, {len(self.tensors)} tensors)"
+        )
+
+
+def read_gguf(path: str | os.PathLike[str]) -> GGUFFile:
+    """Open and parse a GGUF file. Raises ``GGUFError`` (a ``ValueError``) if it is malformed."""
+    return GGUFFile(path)
+
+
+# -- writing ---------------------------------------------------------------
+
+
+def _infer_type(value: Any) -> GGUFValueType:
+    if isinstance(value, bool):
+        return GGUFValueType.BOOL
+    if isinstance(value, (int, np.integer)):
+        if 0 <= value < 2**32:
+            return GGUFValueType.UINT32
+        if -(2**31) <= value < 2**31:
+            return GGUFValueType.INT32
+        return GGUFValueType.INT64 if value < 0 else GGUFValueType.UINT64
+    if isinstance(value, (float, np.floating)):
+        return GGUFValueType.FLOAT32
+    if isinstance(value, str):
+        return GGUFValueType.STRING
+    if isinstance(value, (list, tuple)):
+        return GGUFValueType.ARRAY
+    raise TypeError(f"cannot store a {type(value).__name__} in GGUF metadata")
+
+
+def _pack_string(s: str) -> bytes:
+    raw = s.encode("utf-8")
+    return struct.pack("<Q", len(raw)) + raw
+
+
+def _pack_value(value: Any, vtype: GGUFValueType, etype: GGUFValueType | None = None) -> bytes:
+    if vtype is GGUFValueType.STRING:
+        return _pack_string(value)
+    if vtype is not GGUFValueType.ARRAY:
+        return struct.pack(_SCALAR_FORMATS[vtype], value)
+    items = list(value)
+    if etype is None:
+        kinds = {_infer_type(v) for v in items} or {GGUFValueType.UINT32}
+        if kinds == {GGUFValueType.UINT32, GGUFValueType.INT32}:
+            kinds = {GGUFValueType.INT32}
+        if len(kinds) != 1:
+            raise TypeError(f"GGUF arrays hold one type; got {sorted(k.name for k in kinds)}")
+        (etype,) = kinds
+    out = [struct.pack("<IQ", etype, len(items))]
+    if etype in _NUMPY_DTYPES:
+        out.append(np.asarray(items, dtype=_NUMPY_DTYPES[etype]).tobytes())
+    else:
+        out.extend(_pack_value(v, etype) for v in items)
+    return b"".join(out)
+
+
+@dataclass(frozen=True)
+class TensorToWrite:
+    """A tensor for :func:`write_gguf`: NumPy-order ``shape``, ggml type, raw bytes."""
+
+    shape: tuple[int, ...]
+    ggml_type: GGMLType
+    data: bytes
+
+
+def as_tensor_to_write(array: np.ndarray) -> TensorToWrite:
+    """Wrap a float32/float16 NumPy array for writing."""
+    types = {np.dtype("float32"): GGMLType.F32, np.dtype("float16"): GGMLType.F16}
+    if array.dtype not in types:
+        raise TypeError(f"write float32 or float16 arrays (got {array.dtype}); quantise first")
+    return TensorToWrite(tuple(array.shape), types[array.dtype], np.ascontiguousarray(array).astype(
+        array.dtype.newbyteorder("<")).tobytes())
+
+
+def write_gguf(
+    path: str | os.PathLike[str],
+    metadata: Mapping[str, Any | GGUFField],
+    tensors: Mapping[str, np.ndarray | TensorToWrite] | Iterable[tuple[str, np.ndarray | TensorToWrite]],
+    *,
+    version: int = 3,
+) -> None:
+    """Write a GGUF file.
+
+    ``metadata`` values are plain Python values (types inferred: int -> UINT32
+    or INT32/64, float -> FLOAT32, list -> ARRAY) or :class:`GGUFField` to fix
+    the stored type. ``tensors`` are float arrays or :class:`TensorToWrite`.
+    The file is written to a temporary name and renamed, so a failure never
+    leaves a half-written file at ``path``.
+    """
+    alignment = DEFAULT_ALIGNMENT
+    if "general.alignment" in metadata:
+        a = metadata["general.alignment"]
+        alignment = a.value if isinstance(a, GGUFField) else a
+    items = list(tensors.items()) if isinstance(tensors, Mapping) else list(tensors)
+    prepared = [
+        (name, t if isinstance(t, TensorToWrite) else as_tensor_to_write(t)) for name, t in items
+    ]
+
+    head = [GGUF_MAGIC, struct.pack("<IQQ", version, len(prepared), len(metadata))]
+    for key, value in metadata.items():
+        field = value if isinstance(value, GGUFField) else GGUFField(value, _infer_type(value))
+        head.append(_pack_string(key))
+        head.append(struct.pack("<I", field.type))
+        head.append(_pack_value(field.value, field.type, field.element_type))
+    offset = 0
+    for name, t in prepared:
+        ne = list(reversed(t.shape))
+        expected = tensor_nbytes(t.ggml_type, int(np.prod(t.shape)), ne[0])
+        if len(t.data) != expected:
+            raise ValueError(
+                f"tensor {name!r}: {len(t.data)} bytes given, {t.ggml_type.name} {t.shape} needs {expected}"
+            )
+        head.append(_pack_string(name))
+        head.append(struct.pack(f"<I{len(ne)}QIQ", len(ne), *ne, t.ggml_type, offset))
+        offset += -(-len(t.data) // alignment) * alignment
+
+    path = Path(path)
+    tmp = path.with_name(path.name + ".partial")
+    with open(tmp, "wb") as f:
+        header = b"".join(head)
+        f.write(header)
+        f.write(b"\0" * (-len(header) % alignment))
+        for _, t in prepared:
+            f.write(t.data)
+            f.write(b"\0" * (-len(t.data) % alignment))
+    os.replace(tmp, path)

@@ -1,0 +1,98 @@
+"""Tiny random-weight models for tests and notebooks (no download needed).
+
+``write_tiny_llama(path, ...)`` writes a GGUF file laid out exactly like a
+llama.cpp Llama conversion (tensor names, metadata keys, NumPy-order shapes),
+with small sizes and seeded random float32 weights.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+
+from .formats.gguf import GGUFField, GGUFValueType, write_gguf
+
+TINY_LLAMA = dict(
+    vocab_size=64,
+    hidden_size=32,
+    intermediate_size=64,
+    n_layers=2,
+    n_heads=4,
+    n_kv_heads=2,
+    context_length=128,
+    rope_theta=10000.0,
+    rms_norm_eps=1e-5,
+)
+
+
+def tiny_llama_tensors(
+    hidden_size: int, intermediate_size: int, n_layers: int, n_heads: int, n_kv_heads: int,
+    vocab_size: int, tie_embeddings: bool = True, seed: int = 0, **_: Any,
+) -> dict[str, np.ndarray]:
+    """Random float32 weights with llama.cpp's tensor names and NumPy-order shapes."""
+    rng = np.random.default_rng(seed)
+    d, hd = hidden_size, hidden_size // n_heads
+
+    def w(*shape: int) -> np.ndarray:
+        return (rng.standard_normal(shape) / np.sqrt(shape[-1])).astype(np.float32)
+
+    tensors = {"token_embd.weight": w(vocab_size, d)}
+    for i in range(n_layers):
+        tensors |= {
+            f"blk.{i}.attn_norm.weight": (1 + 0.1 * rng.standard_normal(d)).astype(np.float32),
+            f"blk.{i}.attn_q.weight": w(n_heads * hd, d),
+            f"blk.{i}.attn_k.weight": w(n_kv_heads * hd, d),
+            f"blk.{i}.attn_v.weight": w(n_kv_heads * hd, d),
+            f"blk.{i}.attn_output.weight": w(d, n_heads * hd),
+            f"blk.{i}.ffn_norm.weight": (1 + 0.1 * rng.standard_normal(d)).astype(np.float32),
+            f"blk.{i}.ffn_gate.weight": w(intermediate_size, d),
+            f"blk.{i}.ffn_up.weight": w(intermediate_size, d),
+            f"blk.{i}.ffn_down.weight": w(d, intermediate_size),
+        }
+    tensors["output_norm.weight"] = np.ones(d, dtype=np.float32)
+    if not tie_embeddings:
+        tensors["output.weight"] = w(vocab_size, d)
+    return tensors
+
+
+def tiny_llama_metadata(
+    hidden_size: int, intermediate_size: int, n_layers: int, n_heads: int, n_kv_heads: int,
+    vocab_size: int, context_length: int, rope_theta: float, rms_norm_eps: float, **_: Any,
+) -> dict[str, Any]:
+    """GGUF metadata with the keys llama.cpp writes for a Llama model."""
+    return {
+        "general.architecture": "llama",
+        "general.name": "tiny-llama (random weights)",
+        "llama.vocab_size": vocab_size,
+        "llama.context_length": context_length,
+        "llama.embedding_length": hidden_size,
+        "llama.feed_forward_length": intermediate_size,
+        "llama.block_count": n_layers,
+        "llama.attention.head_count": n_heads,
+        "llama.attention.head_count_kv": n_kv_heads,
+        "llama.rope.dimension_count": hidden_size // n_heads,
+        "llama.rope.freq_base": GGUFField(rope_theta, GGUFValueType.FLOAT32),
+        "llama.attention.layer_norm_rms_epsilon": GGUFField(rms_norm_eps, GGUFValueType.FLOAT32),
+    }
+
+
+def write_tiny_llama(
+    path: str | os.PathLike[str],
+    *,
+    tie_embeddings: bool = True,
+    seed: int = 0,
+    drop_keys: tuple[str, ...] = (),
+    **overrides: Any,
+) -> dict[str, Any]:
+    """Write a tiny random Llama GGUF to ``path``; return the hyper-parameters used.
+
+    ``overrides`` change entries of :data:`TINY_LLAMA`; ``drop_keys`` leaves
+    metadata keys out (to test errors for missing keys).
+    """
+    params = {**TINY_LLAMA, **overrides}
+    metadata = {k: v for k, v in tiny_llama_metadata(**params).items() if k not in drop_keys}
+    tensors = tiny_llama_tensors(**params, tie_embeddings=tie_embeddings, seed=seed)
+    write_gguf(path, metadata, tensors)
+    return {**params, "tie_embeddings": tie_embeddings}
