@@ -23,6 +23,7 @@ allocation: every count is checked against the bytes actually left.
 from __future__ import annotations
 
 import enum
+import itertools
 import mmap
 import os
 import struct
@@ -336,7 +337,7 @@ class GGUFFile:
                 )
             self.tensors[name] = GGUFTensorInfo(name, shape, gtype, offset, n_bytes)
         ordered = sorted(self.tensors.values(), key=lambda t: t.offset)
-        for a, b in zip(ordered, ordered[1:]):
+        for a, b in itertools.pairwise(ordered):
             if a.offset + a.n_bytes > b.offset:
                 raise GGUFError(f"{cur.source}: tensors {a.name!r} and {b.name!r} overlap in the file")
 
