@@ -6,6 +6,7 @@
 #   make test-chapter 1        check your exercises for chapter 1 (IMPL=solutions for ours)
 #   make test-exercise E=1.6   check one exercise
 #   make check-env             [OK]/[FAIL] for Python, dependencies, model, GPU
+#   make notebooks             re-run the notebooks so their stored outputs are current
 #
 # Set-up is idempotent: a stamp file records that .venv matches pyproject.toml,
 # so a second run installs nothing.
@@ -22,7 +23,7 @@ NBVAL_TIMEOUT ?= 300
 
 .DEFAULT_GOAL := help
 .PHONY: help setup lab demo fetch test test-solutions test-engine check-stubs nbval lint format \
-        test-chapter test-exercise check-env clean
+        test-chapter test-exercise check-env notebooks clean
 
 # `make test-chapter 1`: the chapter number arrives as a goal of its own;
 # take it as N and give it an empty rule so make does not try to build it.
@@ -34,7 +35,7 @@ ifeq (test-chapter,$(firstword $(MAKECMDGOALS)))
 endif
 
 help:
-	@sed -n '1,12p' Makefile | sed 's/^# \{0,1\}//'
+	@sed -n '1,13p' Makefile | sed 's/^# \{0,1\}//'
 
 # -- set-up ---------------------------------------------------------------
 
@@ -99,6 +100,10 @@ nbval: fetch
 	LLMRS_IMPL=solutions $(PYTEST) chapters --nbval-lax --nbval-current-env \
 	  --nbval-cell-timeout=$(NBVAL_TIMEOUT) --nbval-sanitize-with tests/nbval_sanitize.cfg \
 	  -q --no-header
+
+# re-run every notebook in place so stored outputs and plots match the code
+notebooks: fetch
+	$(PY) scripts/refresh_notebooks.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis
