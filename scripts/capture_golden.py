@@ -10,10 +10,14 @@ them, never in the project's own (they are large and not dependencies)::
 
 Steps (each writes into tests/golden/):
 
-    config   Hugging Face transformers' LlamaConfig for SmolLM2, as transformers
-             itself builds it from the GGUF file -> smollm2_hf_config.json
-
-Later chapters add steps here (logits, greedy continuations, llama.cpp).
+    config     Hugging Face transformers' LlamaConfig for SmolLM2, as transformers
+               itself builds it from the GGUF file -> smollm2_hf_config.json
+    hf         transformers running SmolLM2 in float32 (it dequantises the GGUF):
+               token ids, last-position log-probabilities, per-position argmax,
+               and greedy continuations -> smollm2_hf_golden.npz
+    llamacpp   llama.cpp through llama-cpp-python (pip install llama-cpp-python):
+               greedy continuations with top-5 log-probabilities at each step
+               -> smollm2_llamacpp_golden.json
 """
 
 from __future__ import annotations
@@ -61,7 +65,91 @@ def capture_config() -> None:
     print(f"wrote {out}")
 
 
-STEPS = {"config": capture_config}
+# The prompts every golden file covers; tests/core/test_model_golden.py uses the same list.
+PROMPTS = [
+    "The capital of France is",
+    "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
+    "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
+    "<|im_start|>user\nWhat are the three primary colors?<|im_end|>\n<|im_start|>assistant\n",
+    "Once upon a time, in a small village by the sea, there lived",
+]
+N_GREEDY = 32
+
+
+def capture_hf() -> None:
+    import numpy as np
+    import torch
+    import transformers
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = model_path()
+    tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32)
+    model.eval()
+    out: dict[str, np.ndarray] = {}
+    for i, prompt in enumerate(PROMPTS):
+        ids = tok(prompt, add_special_tokens=False)["input_ids"]
+        with torch.no_grad():
+            logits = model(torch.tensor([ids])).logits[0].float()
+            logprobs = torch.log_softmax(logits, dim=-1)
+            greedy = model.generate(
+                torch.tensor([ids]), max_new_tokens=N_GREEDY, do_sample=False, pad_token_id=tok.eos_token_id
+            )[0, len(ids) :]
+        out[f"ids_{i}"] = np.array(ids, dtype=np.int32)
+        # the 1,024 most likely next tokens and 1,024 others from the tail, to keep the file small
+        last = logprobs[-1].numpy().astype(np.float32)
+        top = np.argsort(-last)[:1024]
+        rest = np.setdiff1d(np.arange(last.size), top)
+        tail = np.random.default_rng(i).choice(rest, 1024, replace=False)
+        sample = np.concatenate([top, np.sort(tail)]).astype(np.int32)
+        out[f"last_ids_{i}"] = sample
+        out[f"last_logprobs_{i}"] = last[sample]
+        out[f"argmax_{i}"] = logprobs.argmax(-1).numpy().astype(np.int32)
+        out[f"max_logprob_{i}"] = logprobs.max(-1).values.numpy().astype(np.float32)
+        out[f"greedy_{i}"] = greedy.numpy().astype(np.int32)
+        print(f"prompt {i}: {len(ids)} tokens -> {tok.decode(greedy)!r}")
+    out["prompts"] = np.array(PROMPTS)
+    out["captured_with"] = np.array(
+        f"transformers {transformers.__version__}, torch {torch.__version__}, float32, {MODEL_FILE}"
+    )
+    dest = GOLDEN / "smollm2_hf_golden.npz"
+    np.savez_compressed(dest, **out)
+    print(f"wrote {dest} ({dest.stat().st_size:,} bytes)")
+
+
+def capture_llamacpp() -> None:
+    import math
+
+    import llama_cpp
+    from llama_cpp import Llama
+
+    path = model_path()
+    llm = Llama(model_path=str(path), n_ctx=512, n_threads=2, logits_all=True, verbose=False, seed=0)
+    runs = []
+    for prompt in PROMPTS:
+        ids = llm.tokenize(prompt.encode("utf-8"), add_bos=False, special=True)
+        llm.reset()
+        llm.eval(ids)
+        steps = []
+        for _ in range(N_GREEDY):
+            logits = llm.scores[llm.n_tokens - 1]
+            m = max(logits)
+            lse = m + math.log(sum(math.exp(x - m) for x in logits))
+            top = sorted(range(len(logits)), key=lambda j: -logits[j])[:5]
+            steps.append({"top5": top, "top5_logprobs": [float(logits[j] - lse) for j in top]})
+            llm.eval([top[0]])
+        runs.append({"prompt": prompt, "ids": ids, "greedy": [s["top5"][0] for s in steps], "steps": steps})
+        print(f"{len(ids)} tokens -> {llm.detokenize([s['top5'][0] for s in steps]).decode(errors='replace')!r}")
+    data = {
+        "captured_with": f"llama-cpp-python {llama_cpp.__version__}, n_threads=2, {MODEL_FILE}",
+        "runs": runs,
+    }
+    dest = GOLDEN / "smollm2_llamacpp_golden.json"
+    dest.write_text(json.dumps(data, indent=1) + "\n")
+    print(f"wrote {dest} ({dest.stat().st_size:,} bytes)")
+
+
+STEPS = {"config": capture_config, "hf": capture_hf, "llamacpp": capture_llamacpp}
 
 
 def main() -> None:

@@ -134,6 +134,40 @@ def smollm2_gguf(model_path: Path):
         yield g
 
 
+@pytest.fixture(scope="session")
+def hf_golden():
+    """transformers' float32 run of SmolLM2 (tests/golden/smollm2_hf_golden.npz)."""
+    import numpy as np
+
+    return np.load(TESTS / "golden" / "smollm2_hf_golden.npz")
+
+
+@pytest.fixture(scope="session")
+def logprob_error(smollm2_gguf, hf_golden):
+    """``logprob_error(backend, prompt=0)``: how far SmolLM2 run on ``backend`` is from transformers.
+
+    Returns the largest absolute difference of the last position's
+    log-probabilities (the engine's own NumPy path is below 1e-4).
+    """
+    import numpy as np
+
+    from llmrs_core.config import ModelConfig
+    from llmrs_core.model import LlamaModel
+
+    from llmrs_core.backends import NumpyBackend
+
+    net = LlamaModel(smollm2_gguf, ModelConfig.from_gguf(smollm2_gguf), NumpyBackend())
+
+    def error(backend, prompt: int = 0) -> float:
+        net.backend = backend  # same float32 weights, other operations
+        logits = net.forward(hf_golden[f"ids_{prompt}"].tolist())[-1].astype(np.float64)
+        lp = logits - logits.max()
+        lp -= np.log(np.exp(lp).sum())
+        return float(np.abs(lp[hf_golden[f"last_ids_{prompt}"]] - hf_golden[f"last_logprobs_{prompt}"]).max())
+
+    return error
+
+
 # -- "not implemented" reporting and the stub check ---------------------------
 
 

@@ -345,7 +345,7 @@ class GGUFFile:
 
     def tensor_bytes(self, name: str) -> np.ndarray:
         """The stored bytes of tensor ``name`` as a read-only ``uint8`` view (no copy)."""
-        info = self._info(name)
+        info = self.tensor_info(name)
         start = self.data_offset + info.offset
         return np.frombuffer(self._mmap, dtype=np.uint8, count=info.n_bytes, offset=start)
 
@@ -355,7 +355,7 @@ class GGUFFile:
         Quantised types have no element dtype: use :meth:`tensor_bytes` and the
         ``quant`` module (chapter 6) to dequantise them.
         """
-        info = self._info(name)
+        info = self.tensor_info(name)
         dtypes = {
             GGMLType.F32: "<f4",
             GGMLType.F16: "<f2",
@@ -372,7 +372,8 @@ class GGUFFile:
             )
         return self.tensor_bytes(name).view(dtypes[info.ggml_type]).reshape(info.shape)
 
-    def _info(self, name: str) -> GGUFTensorInfo:
+    def tensor_info(self, name: str) -> GGUFTensorInfo:
+        """The info of tensor ``name``; ``KeyError`` naming it and the file if absent."""
         try:
             return self.tensors[name]
         except KeyError:

@@ -106,8 +106,10 @@ def encode_ordinary(text: str, vocab: Mapping[str, int], ranks: Mapping[tuple[st
         if any(p not in vocab for p in pieces):
             # A byte whose character is not in the vocabulary (SmolLM2 lacks 21 of the
             # 256, e.g. 0x04 and the lead bytes 0xF1/0xF2 of planes 4-11) cannot be
-            # encoded. The references drop it before merging (Hugging Face's BPE
-            # with no unknown token); so do we, to give the same ids.
+            # encoded. Hugging Face's BPE (no unknown token) drops it before merging;
+            # so do we, to give the same ids. llama.cpp drops it after merging, so
+            # the two differ when it sits inside a merge: "!\x04!" is [10095] for
+            # Hugging Face and [17, 17] for llama.cpp.
             pieces = bpe_merge_word("".join(c for c in chars if c in vocab), ranks)
             pieces = [p for p in pieces if p in vocab]
         word_ids = [vocab[p] for p in pieces]

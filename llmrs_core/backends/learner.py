@@ -1,0 +1,134 @@
+"""The learner backend: SmolLM2 run with your own exercise code wherever it exists.
+
+``llmrs generate --backend learner`` and ``llmrs.load(backend="learner")``
+use this. Each operation comes from the learner's exercises if that
+function is implemented (chapters 3 and 4), and from the NumPy reference
+otherwise; :meth:`LearnerBackend.describe` says which is which. Every
+learner function is first tried on a small probe input and compared with
+the reference, so a wrong implementation is reported, not hidden — and it
+is still used: seeing its effect on the model's text is part of the lesson.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .. import attention, layers, rope
+from ..sampling import Sampler, SamplingParams
+from .numpy_backend import NumpyBackend
+
+
+@dataclass
+class Part:
+    """Who computes one operation, and what the probe found."""
+
+    label: str
+    source: str  # "yours" or "reference"
+    note: str = ""
+
+
+def _probe_inputs(seed: int = 0) -> dict[str, tuple]:
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((3, 8)).astype(np.float32)
+    q = rng.standard_normal((3, 4, 8)).astype(np.float32)
+    kv = rng.standard_normal((5, 2, 8)).astype(np.float32), rng.standard_normal((5, 2, 8)).astype(np.float32)
+    return {
+        "linear": (x, rng.standard_normal((6, 8)).astype(np.float32)),
+        "rms_norm": (x, rng.standard_normal(8).astype(np.float32), 1e-5),
+        "swiglu": (x, rng.standard_normal((3, 8)).astype(np.float32)),
+        "rope": (q, np.arange(3, 6), 1e5),
+        "attention": (q, *kv),
+    }
+
+
+class LearnerBackend(NumpyBackend):
+    """NumPy backend whose operations are replaced by the learner's where implemented."""
+
+    name = "learner"
+
+    def __init__(self, root: Any = None):
+        from ..workbook import exercises
+
+        self.parts: dict[str, Part] = {}
+        try:
+            ch3 = exercises(3, "learner", root=root)
+            ch4 = exercises(4, "learner", root=root)
+        except FileNotFoundError as e:
+            raise ValueError(
+                f"the learner backend runs the workbook's exercises, which were not found ({e})"
+            ) from None
+        probes = _probe_inputs()
+        ops: list[tuple[str, str, Callable | None, Callable, tuple]] = [
+            ("matmul", "linear (Exercise 4.6)", getattr(ch4, "linear", None), layers.linear, probes["linear"]),
+            ("rms_norm", "RMSNorm (Exercise 4.6)", getattr(ch4, "rms_norm", None), layers.rms_norm, probes["rms_norm"]),
+            ("swiglu", "SwiGLU (Exercise 4.6)", getattr(ch4, "swiglu", None), layers.swiglu, probes["swiglu"]),
+            ("rope", "RoPE (Exercise 3.7)", getattr(ch3, "apply_rope_interleaved", None),
+             rope.apply_rope_interleaved, probes["rope"]),
+            ("attention", "attention (Exercise 3.6)", getattr(ch3, "scaled_dot_product_attention", None),
+             lambda q, k, v: attention.scaled_dot_product_attention(q, k, v, causal=True), probes["attention"]),
+        ]
+        for op, label, theirs, reference, probe in ops:
+            chosen = self._choose(op, label, theirs, reference, probe)
+            if chosen is not None:
+                setattr(self, op, chosen)
+        self._learner_sample = self._choose_sampler(getattr(ch4, "sample_token", None))
+
+    def _choose(self, op: str, label: str, theirs: Callable | None, reference: Callable, probe: tuple):
+        if theirs is None:
+            self.parts[op] = Part(label, "reference", "not in your exercises")
+            return None
+        try:
+            got = np.asarray(theirs(*probe))
+        except NotImplementedError:
+            self.parts[op] = Part(label, "reference", "not implemented yet")
+            return None
+        except Exception as e:  # the learner's code may fail in any way; say how, use ours
+            self.parts[op] = Part(label, "reference", f"yours raised {type(e).__name__}: {e}")
+            return None
+        want = reference(*probe)
+        if got.shape != want.shape:
+            self.parts[op] = Part(label, "reference", f"yours returned shape {got.shape}, expected {want.shape}")
+            return None
+        err = float(np.max(np.abs(got - want)))
+        note = "" if err < 1e-4 else f"differs from the reference by {err:.3g} on a probe!"
+        self.parts[op] = Part(label, "yours", note)
+        if op == "attention":
+            return lambda q, k, v: theirs(q, k, v, True)
+        return theirs
+
+    def _choose_sampler(self, theirs: Callable | None) -> Callable | None:
+        label = "sampling (Exercise 4.7)"
+        if theirs is None:
+            self.parts["sampler"] = Part(label, "reference", "not in your exercises")
+            return None
+        try:
+            theirs(np.array([0.0, 1.0], dtype=np.float32), SamplingParams(), np.random.default_rng(0), ())
+        except NotImplementedError:
+            self.parts["sampler"] = Part(label, "reference", "not implemented yet")
+            return None
+        except Exception as e:
+            self.parts["sampler"] = Part(label, "reference", f"yours raised {type(e).__name__}: {e}")
+            return None
+        self.parts["sampler"] = Part(label, "yours")
+        return theirs
+
+    def sampler(self, params: SamplingParams) -> Callable[..., int]:
+        if self._learner_sample is None:
+            return Sampler(params)
+        rng = np.random.default_rng(params.seed)
+        sample = self._learner_sample
+        return lambda logits, history: int(sample(logits, params, rng, history))
+
+    def describe(self) -> str:
+        lines = ["backend 'learner' — who computes what:"]
+        for part in self.parts.values():
+            who = "YOURS    " if part.source == "yours" else "reference"
+            lines.append(f"  {who}  {part.label}" + (f"  ({part.note})" if part.note else ""))
+        return "\n".join(lines)
+
+
+__all__ = ["LearnerBackend"]

@@ -1,0 +1,44 @@
+"""The NumPy backend: the readable reference (chapter 4).
+
+Weights are dequantised once, at load, to float32 matrices (SmolLM2: about
+500 MiB); every operation is the plain NumPy function from ``layers``,
+``rope`` and ``attention``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from .. import attention, layers, rope
+from ..quant import dequantize_tensor
+from .base import Backend
+
+if TYPE_CHECKING:
+    from ..formats.gguf import GGUFFile
+
+
+class NumpyBackend(Backend):
+    name = "numpy"
+
+    def load_matrix(self, gguf: GGUFFile, name: str) -> np.ndarray:
+        return np.ascontiguousarray(dequantize_tensor(gguf, name), dtype=np.float32)
+
+    def embed(self, table: np.ndarray, ids: np.ndarray) -> np.ndarray:
+        return layers.embedding(ids, table)
+
+    def matmul(self, x: np.ndarray, w: np.ndarray) -> np.ndarray:
+        return layers.linear(x, w)
+
+    def rms_norm(self, x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
+        return layers.rms_norm(x, weight, eps)
+
+    def swiglu(self, gate: np.ndarray, up: np.ndarray) -> np.ndarray:
+        return layers.swiglu(gate, up)
+
+    def rope(self, x: np.ndarray, positions: np.ndarray, theta: float) -> np.ndarray:
+        return rope.apply_rope_interleaved(x, positions, theta)
+
+    def attention(self, q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
+        return attention.scaled_dot_product_attention(q, k, v, causal=True)

@@ -1,0 +1,142 @@
+"""The Llama forward pass, written once against the backend interface (chapter 4).
+
+For token ids ``[T]`` at positions ``start .. start + T - 1``::
+
+    x = embed(ids)                                          [T, d]
+    for each block:
+        h = rms_norm(x, attn_norm)
+        q, k, v = h Wq^T, h Wk^T, h Wv^T                     [T, Hq, D], [T, Hkv, D]
+        q, k = rope(q), rope(k)
+        x = x + attention(q, cached k, cached v) Wo^T
+        h = rms_norm(x, ffn_norm)
+        x = x + (silu(h Wg^T) * h Wu^T) Wd^T
+    logits = rms_norm(x, output_norm) W_out^T                [T, vocab]
+
+Tensor names are llama.cpp's (``blk.N.attn_q.weight``, ...). With tied
+embeddings ``W_out`` is the token embedding table.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .backends.base import Backend
+from .config import ModelConfig
+from .formats.gguf import GGUFFile
+from .kv_cache import ContiguousKVCache
+
+
+@dataclass
+class LayerWeights:
+    """One decoder block's weights, as prepared by the backend."""
+
+    attn_norm: np.ndarray
+    wq: Any
+    wk: Any
+    wv: Any
+    wo: Any
+    ffn_norm: np.ndarray
+    w_gate: Any
+    w_up: Any
+    w_down: Any
+
+
+class LlamaModel:
+    """A Llama-family transformer loaded from a GGUF file onto a backend."""
+
+    def __init__(self, gguf: GGUFFile, config: ModelConfig, backend: Backend):
+        self.config = config
+        self.backend = backend
+        self._check_tensors(gguf)
+        b = backend
+        self.token_embd = b.load_matrix(gguf, "token_embd.weight")
+        self.layers = [
+            LayerWeights(
+                attn_norm=b.load_vector(gguf, f"blk.{i}.attn_norm.weight"),
+                wq=b.load_matrix(gguf, f"blk.{i}.attn_q.weight"),
+                wk=b.load_matrix(gguf, f"blk.{i}.attn_k.weight"),
+                wv=b.load_matrix(gguf, f"blk.{i}.attn_v.weight"),
+                wo=b.load_matrix(gguf, f"blk.{i}.attn_output.weight"),
+                ffn_norm=b.load_vector(gguf, f"blk.{i}.ffn_norm.weight"),
+                w_gate=b.load_matrix(gguf, f"blk.{i}.ffn_gate.weight"),
+                w_up=b.load_matrix(gguf, f"blk.{i}.ffn_up.weight"),
+                w_down=b.load_matrix(gguf, f"blk.{i}.ffn_down.weight"),
+            )
+            for i in range(config.n_layers)
+        ]
+        self.output_norm = b.load_vector(gguf, "output_norm.weight")
+        self.output = self.token_embd if config.tie_embeddings else b.load_matrix(gguf, "output.weight")
+
+    def _check_tensors(self, gguf: GGUFFile) -> None:
+        """Every tensor the forward pass reads exists with the shape the config implies."""
+        c = self.config
+        d, q_out, kv_out = c.hidden_size, c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim
+        want = {"token_embd.weight": (c.vocab_size, d), "output_norm.weight": (d,)}
+        if not c.tie_embeddings:
+            want["output.weight"] = (c.vocab_size, d)
+        for i in range(c.n_layers):
+            p = f"blk.{i}."
+            want |= {
+                p + "attn_norm.weight": (d,),
+                p + "attn_q.weight": (q_out, d),
+                p + "attn_k.weight": (kv_out, d),
+                p + "attn_v.weight": (kv_out, d),
+                p + "attn_output.weight": (d, q_out),
+                p + "ffn_norm.weight": (d,),
+                p + "ffn_gate.weight": (c.intermediate_size, d),
+                p + "ffn_up.weight": (c.intermediate_size, d),
+                p + "ffn_down.weight": (d, c.intermediate_size),
+            }
+        for name, shape in want.items():
+            if name not in gguf.tensors:
+                raise ValueError(f"{gguf.path}: the model needs tensor {name!r}, which the file lacks")
+            if gguf.tensors[name].shape != shape:
+                raise ValueError(
+                    f"{gguf.path}: tensor {name!r} has shape {gguf.tensors[name].shape}, "
+                    f"the config implies {shape}"
+                )
+
+    def new_cache(self, max_tokens: int) -> ContiguousKVCache:
+        return ContiguousKVCache(self.config, max_tokens)
+
+    def forward(
+        self, ids: np.ndarray | list[int], cache: ContiguousKVCache | None = None, last_only: bool = False
+    ) -> np.ndarray:
+        """Logits ``[T, vocab]`` for ``ids [T]`` (``[1, vocab]`` with ``last_only``).
+
+        With a ``cache`` the ids continue the cached sequence (positions start
+        at ``cache.length``) and their K/V are added to it; without one, the
+        ids are a whole sequence from position 0.
+        """
+        ids = np.asarray(ids, dtype=np.int64).reshape(-1)
+        if ids.size == 0:
+            raise ValueError("forward() needs at least one token id")
+        if ids.min() < 0 or ids.max() >= self.config.vocab_size:
+            bad = ids[(ids < 0) | (ids >= self.config.vocab_size)][0]
+            raise ValueError(f"token id {bad} is outside the vocabulary (0..{self.config.vocab_size - 1})")
+        if cache is None:
+            cache = self.new_cache(ids.size)
+        c, b = self.config, self.backend
+        t = ids.size
+        positions = np.arange(cache.length, cache.length + t)
+        x = b.embed(self.token_embd, ids)
+        for i, layer in enumerate(self.layers):
+            h = b.rms_norm(x, layer.attn_norm, c.rms_norm_eps)
+            q = b.matmul(h, layer.wq).reshape(t, c.n_heads, c.head_dim)
+            k = b.matmul(h, layer.wk).reshape(t, c.n_kv_heads, c.head_dim)
+            v = b.matmul(h, layer.wv).reshape(t, c.n_kv_heads, c.head_dim)
+            q = b.rope(q, positions, c.rope_theta)
+            k = b.rope(k, positions, c.rope_theta)
+            cache.write(i, k, v)
+            k_all, v_all = cache.view(i, t)
+            attn = b.attention(q, k_all, v_all).reshape(t, c.n_heads * c.head_dim)
+            x = x + b.matmul(attn, layer.wo)
+            h = b.rms_norm(x, layer.ffn_norm, c.rms_norm_eps)
+            x = x + b.matmul(b.swiglu(b.matmul(h, layer.w_gate), b.matmul(h, layer.w_up)), layer.w_down)
+        cache.advance(t)
+        if last_only:
+            x = x[-1:]
+        return b.matmul(b.rms_norm(x, self.output_norm, c.rms_norm_eps), self.output)

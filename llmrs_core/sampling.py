@@ -1,0 +1,147 @@
+"""Choosing the next token from the logits (introduced in chapter 4).
+
+The chain, in this order (as in vLLM and Hugging Face transformers):
+
+1. **penalties** on tokens already generated: repetition (divide positive
+   logits by ``r``, multiply negative ones), presence (subtract once) and
+   frequency (subtract per occurrence);
+2. **greedy** when ``temperature == 0``: the argmax, nothing else applies;
+3. **temperature**: ``logits / T``;
+4. **top-k**: keep the ``k`` largest (``0`` = off);
+5. **top-p** (nucleus): keep the smallest set of most likely tokens whose
+   probability reaches ``p`` — including the token that crosses it;
+6. **min-p**: drop tokens less likely than ``min_p`` times the most likely;
+7. **sample** from the renormalised distribution with a seeded generator.
+
+Filters set removed logits to ``-inf``; shapes are ``[vocab]`` throughout.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from .attention import softmax
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to pick tokens. The defaults are greedy decoding."""
+
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        checks = [
+            (self.temperature >= 0, f"temperature must be >= 0, got {self.temperature}"),
+            (self.top_k >= 0, f"top_k must be >= 0 (0 = off), got {self.top_k}"),
+            (0 < self.top_p <= 1, f"top_p must be in (0, 1], got {self.top_p}"),
+            (0 <= self.min_p <= 1, f"min_p must be in [0, 1], got {self.min_p}"),
+            (self.repetition_penalty > 0, f"repetition_penalty must be > 0, got {self.repetition_penalty}"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise ValueError(message)
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+def apply_penalties(
+    logits: np.ndarray,
+    history: Sequence[int],
+    repetition_penalty: float = 1.0,
+    presence_penalty: float = 0.0,
+    frequency_penalty: float = 0.0,
+) -> np.ndarray:
+    """Penalise tokens in ``history`` (a new array; ``logits`` is not changed)."""
+    out = np.array(logits, dtype=np.float32, copy=True)
+    if len(history) == 0:
+        return out
+    ids, counts = np.unique(np.asarray(history, dtype=np.int64), return_counts=True)
+    if repetition_penalty != 1.0:
+        picked = out[ids]
+        out[ids] = np.where(picked > 0, picked / repetition_penalty, picked * repetition_penalty)
+    out[ids] -= presence_penalty + frequency_penalty * counts
+    return out
+
+
+def apply_temperature(logits: np.ndarray, temperature: float) -> np.ndarray:
+    """``logits / temperature`` (``temperature > 0``)."""
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0 here (0 means greedy), got {temperature}")
+    return np.asarray(logits, dtype=np.float32) / np.float32(temperature)
+
+
+def top_k_filter(logits: np.ndarray, k: int) -> np.ndarray:
+    """Keep the ``k`` largest logits (ties at the boundary are all kept); ``k <= 0`` keeps all."""
+    logits = np.asarray(logits, dtype=np.float32)
+    if k <= 0 or k >= logits.size:
+        return logits.copy()
+    threshold = np.partition(logits, -k)[-k]
+    return np.where(logits >= threshold, logits, -np.inf).astype(np.float32)
+
+
+def top_p_filter(logits: np.ndarray, p: float) -> np.ndarray:
+    """Keep the most likely tokens until their probability reaches ``p``, the crossing one included."""
+    logits = np.asarray(logits, dtype=np.float32)
+    if p >= 1.0:
+        return logits.copy()
+    order = np.argsort(-logits, kind="stable")
+    probs = softmax(logits[order].astype(np.float64))
+    before = np.cumsum(probs) - probs  # mass of the tokens ranked above each one
+    keep_sorted = before < p  # the first token always stays
+    out = np.full_like(logits, -np.inf)
+    kept = order[keep_sorted]
+    out[kept] = logits[kept]
+    return out
+
+
+def min_p_filter(logits: np.ndarray, min_p: float) -> np.ndarray:
+    """Drop tokens whose probability is below ``min_p`` times the most likely token's."""
+    logits = np.asarray(logits, dtype=np.float32)
+    if min_p <= 0:
+        return logits.copy()
+    # p_i / p_max = exp(l_i - l_max): no normalisation needed
+    keep = logits >= logits.max() + np.log(min_p)
+    return np.where(keep, logits, -np.inf).astype(np.float32)
+
+
+def sample_token(
+    logits: np.ndarray,
+    params: SamplingParams,
+    rng: np.random.Generator,
+    history: Sequence[int] = (),
+) -> int:
+    """Run the whole chain (see the module docstring) and return one token id."""
+    x = apply_penalties(
+        logits, history, params.repetition_penalty, params.presence_penalty, params.frequency_penalty
+    )
+    if params.greedy:
+        return int(np.argmax(x))
+    x = apply_temperature(x, params.temperature)
+    x = top_k_filter(x, params.top_k)
+    x = top_p_filter(x, params.top_p)
+    x = min_p_filter(x, params.min_p)
+    probs = softmax(x.astype(np.float64))
+    return int(rng.choice(probs.size, p=probs))
+
+
+class Sampler:
+    """Sampling parameters plus their random generator: the same seed gives the same tokens."""
+
+    def __init__(self, params: SamplingParams | None = None):
+        self.params = params or SamplingParams()
+        self.rng = np.random.default_rng(self.params.seed)
+
+    def __call__(self, logits: np.ndarray, history: Sequence[int] = ()) -> int:
+        return sample_token(logits, self.params, self.rng, history)

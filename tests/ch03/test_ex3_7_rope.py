@@ -1,0 +1,104 @@
+"""Exercise 3.7 — Implementing RoPE.
+
+References: rotations written out pair by pair here, the identity that makes
+RoPE relative, and SmolLM2 run with your RoPE against Hugging Face transformers.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from llmrs_core.testing import backend_with
+
+
+def naive_rope(x, positions, theta, pairs):
+    out = x.astype(np.float64).copy()
+    d = x.shape[-1]
+    for t, p in enumerate(positions):
+        for i, (a, b) in enumerate(pairs(d)):
+            angle = p * theta ** (-2 * i / d)
+            c, s = math.cos(angle), math.sin(angle)
+            out[t, :, a] = x[t, :, a] * c - x[t, :, b] * s
+            out[t, :, b] = x[t, :, a] * s + x[t, :, b] * c
+    return out
+
+
+def interleaved_pairs(d):
+    return [(2 * i, 2 * i + 1) for i in range(d // 2)]
+
+
+def half_pairs(d):
+    return [(i, i + d // 2) for i in range(d // 2)]
+
+
+def sample(t=6, h=3, d=16, seed=0):
+    return np.random.default_rng(seed).standard_normal((t, h, d)).astype(np.float32)
+
+
+def test_ex3_7_rope_frequencies(ex):
+    f = ex.rope_frequencies(8, 10000.0)
+    np.testing.assert_allclose(f, [1.0, 10000 ** -0.25, 10000 ** -0.5, 10000 ** -0.75], rtol=1e-12)
+    assert f.dtype == np.float64, "compute the frequencies in float64"
+    assert ex.rope_frequencies(64, 1e5).shape == (32,)
+    with pytest.raises(ValueError):
+        ex.rope_frequencies(7, 10000.0)
+
+
+@pytest.mark.parametrize("theta", [10000.0, 100000.0])
+def test_ex3_7_interleaved_matches_pairwise_rotation(ex, theta):
+    x, pos = sample(), np.array([0, 1, 2, 5, 100, 4000])
+    got = ex.apply_rope_interleaved(x, pos, theta)
+    assert got.shape == x.shape and got.dtype == np.float32
+    np.testing.assert_allclose(got, naive_rope(x, pos, theta, interleaved_pairs), rtol=1e-5, atol=1e-5)
+
+
+def test_ex3_7_half_matches_pairwise_rotation(ex):
+    x, pos = sample(), np.array([0, 1, 2, 5, 100, 4000])
+    got = ex.apply_rope_half(x, pos, 1e5)
+    np.testing.assert_allclose(got, naive_rope(x, pos, 1e5, half_pairs), rtol=1e-5, atol=1e-5)
+
+
+def test_ex3_7_rotation_properties(ex):
+    x = sample()
+    np.testing.assert_allclose(ex.apply_rope_interleaved(x, np.zeros(6), 1e4), x, atol=1e-7), "position 0: no rotation"
+    rotated = ex.apply_rope_interleaved(x, np.arange(6) * 37, 1e4)
+    np.testing.assert_allclose(np.linalg.norm(rotated, axis=-1), np.linalg.norm(x, axis=-1), rtol=1e-5)
+    # relative position: q at m and k at n give the same score as q at m+s and k at n+s
+    q, k = sample(1, 1, 16, 1), sample(1, 1, 16, 2)
+    for rope in (ex.apply_rope_interleaved, ex.apply_rope_half):
+        s1 = (rope(q, np.array([7]), 1e4) * rope(k, np.array([3]), 1e4)).sum()
+        s2 = (rope(q, np.array([107]), 1e4) * rope(k, np.array([103]), 1e4)).sum()
+        assert abs(s1 - s2) < 1e-4, "q.k after RoPE must depend only on the distance m - n"
+
+
+def test_ex3_7_permutation_makes_the_two_forms_agree(ex):
+    rng = np.random.default_rng(3)
+    n_heads, d, d_in, t = 3, 16, 24, 5
+    w_q = rng.standard_normal((n_heads * d, d_in)).astype(np.float32)
+    w_k = rng.standard_normal((n_heads * d, d_in)).astype(np.float32)
+    x = rng.standard_normal((t, d_in)).astype(np.float32)
+    pos = np.arange(t)
+    hf_q = ex.apply_rope_half((x @ w_q.T).reshape(t, n_heads, d), pos, 1e4)
+    hf_k = ex.apply_rope_half((x @ w_k.T).reshape(t, n_heads, d), pos, 1e4)
+    wq_p, wk_p = ex.permute_for_interleaved(w_q, n_heads), ex.permute_for_interleaved(w_k, n_heads)
+    gg_q = ex.apply_rope_interleaved((x @ wq_p.T).reshape(t, n_heads, d), pos, 1e4)
+    gg_k = ex.apply_rope_interleaved((x @ wk_p.T).reshape(t, n_heads, d), pos, 1e4)
+    scores_hf = np.einsum("thd,shd->hts", hf_q, hf_k)
+    scores_gguf = np.einsum("thd,shd->hts", gg_q, gg_k)
+    np.testing.assert_allclose(scores_gguf, scores_hf, rtol=1e-4, atol=1e-3)
+    small = np.arange(4, dtype=np.float32)[:, None]
+    assert ex.permute_for_interleaved(small, 1)[:, 0].tolist() == [0, 2, 1, 3], (
+        "rows [0, 1 | 2, 3] of one head become [0, 2, 1, 3]: first-half row i goes to 2i"
+    )
+
+
+@pytest.mark.model
+def test_ex3_7_smollm2_with_your_rope_matches_transformers(ex, logprob_error):
+    err = logprob_error(backend_with(rope=ex.apply_rope_interleaved))
+    assert err < 1e-3, (
+        f"with your RoPE SmolLM2's log-probabilities are off by {err:.3g}: GGUF weights need the "
+        "interleaved form, and SmolLM2's theta is 1e5"
+    )
