@@ -14,10 +14,10 @@ import json
 import sys
 
 from . import __version__
+from .backends import BACKENDS
 from .config import ConfigError
 from .fetch import FetchError, default_model_path, fetch_model, verify_model
 from .formats.gguf import GGUFError
-from .backends import BACKENDS
 from .loader import load
 
 

@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from .backends import BACKENDS, get_backend
 from .config import ModelConfig
 from .fetch import default_model_path, fetch_model
 from .formats.gguf import GGUFFile, read_gguf
@@ -25,8 +26,6 @@ from .generate import Completion, generate_ids
 from .model import LlamaModel
 from .sampling import SamplingParams
 from .tokenizer import Tokenizer
-
-from .backends import BACKENDS, get_backend
 
 
 class Model:

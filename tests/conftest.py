@@ -151,10 +151,9 @@ def logprob_error(smollm2_gguf, hf_golden):
     """
     import numpy as np
 
+    from llmrs_core.backends import NumpyBackend
     from llmrs_core.config import ModelConfig
     from llmrs_core.model import LlamaModel
-
-    from llmrs_core.backends import NumpyBackend
 
     net = LlamaModel(smollm2_gguf, ModelConfig.from_gguf(smollm2_gguf), NumpyBackend())
 

@@ -34,7 +34,6 @@ def measure(fn, repeats: int) -> list[float]:
 
 def run(repeats: int = 7, copies: int = 50) -> dict:
     import llmrs_core as llmrs
-    from llmrs_core.tokenizer import Tokenizer
     from llmrs_core.tokenizer.reference import reference_tokenizer
 
     model = llmrs.load()

@@ -64,7 +64,7 @@ def test_generation_uses_the_learner_parts(workbook, tmp_path):
     net = LlamaModel(model.gguf, model.config, backend)
     ids = [1, 2, 3, 4]
     assert not np.allclose(net.forward(ids), model.logits(ids)), "the learner's (wrong) RoPE must be used"
-    sample = backend.sampler(llmrs.sampling.SamplingParams())
+    sample = backend.sampler(llmrs.SamplingParams())
     assert sample(np.zeros(8, dtype=np.float32), []) == 3, "the learner's sampler must be used"
 
 
