@@ -26,7 +26,7 @@ import numpy as np
 from .backends.base import Backend
 from .config import ModelConfig
 from .formats.gguf import GGUFFile
-from .kv_cache import ContiguousKVCache
+from .kv_cache.contiguous import ContiguousKVCache
 
 
 @dataclass
@@ -109,7 +109,10 @@ class LlamaModel:
 
         With a ``cache`` the ids continue the cached sequence (positions start
         at ``cache.length``) and their K/V are added to it; without one, the
-        ids are a whole sequence from position 0.
+        ids are a whole sequence from position 0. Any object with the
+        contiguous cache's ``length``/``write``/``view``/``advance`` works:
+        a paged sequence (``PagedKVCache.sequence``) or an evicting cache
+        (``kv_cache.eviction``).
         """
         ids = np.asarray(ids, dtype=np.int64).reshape(-1)
         if ids.size == 0:
@@ -121,7 +124,10 @@ class LlamaModel:
             cache = self.new_cache(ids.size)
         c, b = self.config, self.backend
         t = ids.size
-        positions = np.arange(cache.length, cache.length + t)
+        # A cache may number positions its own way (attention sinks count within the cache)
+        # and may keep keys unrotated, rotating them by their cache index when read.
+        positions = cache.positions(t) if hasattr(cache, "positions") else np.arange(cache.length, cache.length + t)
+        rerotate = getattr(cache, "rerotates_keys", False)
         x = b.embed(self.token_embd, ids)
         for i, layer in enumerate(self.layers):
             h = b.rms_norm(x, layer.attn_norm, c.rms_norm_eps)
@@ -129,9 +135,12 @@ class LlamaModel:
             k = b.matmul(h, layer.wk).reshape(t, c.n_kv_heads, c.head_dim)
             v = b.matmul(h, layer.wv).reshape(t, c.n_kv_heads, c.head_dim)
             q = b.rope(q, positions, c.rope_theta)
-            k = b.rope(k, positions, c.rope_theta)
+            if not rerotate:
+                k = b.rope(k, positions, c.rope_theta)
             cache.write(i, k, v)
             k_all, v_all = cache.view(i, t)
+            if rerotate:
+                k_all = b.rope(k_all, cache.key_positions(t), c.rope_theta)
             attn = b.attention(q, k_all, v_all).reshape(t, c.n_heads * c.head_dim)
             x = x + b.matmul(attn, layer.wo)
             h = b.rms_norm(x, layer.ffn_norm, c.rms_norm_eps)

@@ -66,7 +66,7 @@ def describe(obj) -> object:
     if inspect.isclass(obj):
         members = {}
         for name, value in vars(obj).items():
-            if name.startswith("_"):
+            if name.startswith("_") and name != "__init__":
                 continue
             if isinstance(value, (classmethod, staticmethod)):
                 members[name] = (type(value).__name__, str(inspect.signature(value.__func__)))
@@ -108,7 +108,11 @@ def test_exercises_and_solutions_have_the_same_api(chapter):
 
 
 def stub_messages(path: Path) -> dict[str, str | None]:
-    """qualname -> the NotImplementedError message its body raises (None if it raises none)."""
+    """qualname -> the NotImplementedError message its body raises (None if it raises none).
+
+    Public functions and methods, and ``__init__``; a docstring starting with
+    "(provided)" marks code given to the learner, which is skipped.
+    """
     tree = ast.parse(path.read_text())
     out: dict[str, str | None] = {}
 
@@ -116,7 +120,11 @@ def stub_messages(path: Path) -> dict[str, str | None]:
         for node in body:
             if isinstance(node, ast.ClassDef):
                 visit(node.body, prefix + node.name + ".")
-            elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and not node.name.startswith("_"):
+            elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and (
+                not node.name.startswith("_") or node.name == "__init__"
+            ):
+                if (ast.get_docstring(node) or "").startswith("(provided)"):
+                    continue  # given to the learner, not an exercise
                 message = None
                 for sub in ast.walk(node):
                     if (
