@@ -174,3 +174,24 @@ def naive_llama(w: dict, p: dict, ids: list[int]) -> tuple[np.ndarray, list[np.n
         head = w.get("output.weight", w["token_embd.weight"]).astype(np.float64)
         logits.append(head @ x)
     return np.array(logits), [np.array(h) for h in hidden]
+
+
+def tiny_llama_config(**overrides: Any):
+    """The :class:`~llmrs_core.config.ModelConfig` of :func:`write_tiny_llama`'s model."""
+    from .config import ModelConfig
+
+    p = {**TINY_LLAMA, **overrides}
+    return ModelConfig(
+        vocab_size=p["vocab_size"], hidden_size=p["hidden_size"], intermediate_size=p["intermediate_size"],
+        n_layers=p["n_layers"], n_heads=p["n_heads"], n_kv_heads=p["n_kv_heads"],
+        head_dim=p["hidden_size"] // p["n_heads"], context_length=p["context_length"],
+        rope_theta=p["rope_theta"], rms_norm_eps=p["rms_norm_eps"], tie_embeddings=p.get("tie_embeddings", True),
+    )
+
+
+def first_difference(ours: list, theirs: list, show: Any = str) -> str:
+    """Where two token lists part ways, for a test's failure message: position and both pieces."""
+    i = next((k for k, (a, b) in enumerate(zip(ours, theirs)) if a != b), min(len(ours), len(theirs)))
+    a = show(ours[i]) if i < len(ours) else "<end>"
+    b = show(theirs[i]) if i < len(theirs) else "<end>"
+    return f"first difference at position {i}: yours {a!r}, reference {b!r}"

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from tokenizers import pre_tokenizers
 
+from llmrs_core.testing import first_difference
 from llmrs_core.tokenizer import Tokenizer
 from llmrs_core.tokenizer.bpe import vocab_from_merges
 from llmrs_core.tokenizer.bytes_map import encode_bytes
@@ -33,13 +34,6 @@ TEXTS = [
     " ",
     "trailing spaces   ",
 ]
-
-
-def first_difference(ours: list, theirs: list, show=str) -> str:
-    i = next((k for k, (a, b) in enumerate(zip(ours, theirs)) if a != b), min(len(ours), len(theirs)))
-    a = show(ours[i]) if i < len(ours) else "<end>"
-    b = show(theirs[i]) if i < len(theirs) else "<end>"
-    return f"first difference at position {i}: yours {a!r}, reference {b!r}"
 
 
 @pytest.fixture(scope="module")

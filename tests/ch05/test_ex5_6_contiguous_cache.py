@@ -10,13 +10,9 @@ import numpy as np
 import pytest
 
 import llmrs_core as llmrs
-from llmrs_core.config import ModelConfig
-from llmrs_core.testing import write_tiny_llama
+from llmrs_core.testing import tiny_llama_config, write_tiny_llama
 
-TINY = ModelConfig(
-    vocab_size=64, hidden_size=32, intermediate_size=64, n_layers=2, n_heads=4, n_kv_heads=2,
-    head_dim=8, context_length=128, rope_theta=1e4, rms_norm_eps=1e-5, tie_embeddings=True,
-)
+TINY = tiny_llama_config()
 
 
 @pytest.fixture(scope="module")

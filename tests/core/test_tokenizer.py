@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from llmrs_core.testing import first_difference
 from llmrs_core.tokenizer import StreamDecoder, Tokenizer, render_chatml
 from llmrs_core.tokenizer.reference import reference_tokenizer
 
@@ -85,13 +86,6 @@ def ref(tok):
     return reference_tokenizer(tok)
 
 
-def first_difference(tok, ours: list[int], theirs: list[int]) -> str:
-    i = next((k for k, (a, b) in enumerate(zip(ours, theirs)) if a != b), min(len(ours), len(theirs)))
-    a = tok.piece(ours[i]) if i < len(ours) else "<end>"
-    b = tok.piece(theirs[i]) if i < len(theirs) else "<end>"
-    return f"first difference at position {i}: ours {a!r}, reference {b!r}"
-
-
 def test_smollm2_vocabulary(tok):
     assert tok.vocab_size == 49152
     assert len(tok.ranks) == 48900
@@ -103,7 +97,7 @@ def test_smollm2_vocabulary(tok):
 @pytest.mark.parametrize("text", CORPUS, ids=[repr(t)[:30] for t in CORPUS])
 def test_corpus_matches_reference(tok, ref, text):
     ours, theirs = tok.encode(text), ref.encode(text).ids
-    assert ours == theirs, first_difference(tok, ours, theirs)
+    assert ours == theirs, first_difference(ours, theirs, tok.piece)
     assert tok.decode(ours) == text
 
 
@@ -137,7 +131,7 @@ def test_thousands_of_random_strings_match_reference(tok, ref):
     texts = [random_text(rng) for _ in range(3000)]
     for text, enc in zip(texts, ref.encode_batch(texts)):
         ours = tok.encode(text)
-        assert ours == enc.ids, f"{text!r}: " + first_difference(tok, ours, enc.ids)
+        assert ours == enc.ids, f"{text!r}: " + first_difference(ours, enc.ids, tok.piece)
 
 
 # SmolLM2's vocabulary has no token for 21 of the 256 bytes: six control
@@ -156,7 +150,7 @@ REPRESENTABLE_TEXT = st.text(
 @given(st.text(max_size=60))
 def test_arbitrary_unicode_matches_reference(tok, ref, text):
     ours = tok.encode(text)
-    assert ours == ref.encode(text).ids, first_difference(tok, ours, ref.encode(text).ids)
+    assert ours == ref.encode(text).ids, first_difference(ours, ref.encode(text).ids, tok.piece)
 
 
 @settings(max_examples=300, deadline=None)
