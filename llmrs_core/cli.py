@@ -5,12 +5,14 @@
     llmrs tokenize TEXT [--json] [--no-special]       chapter 2
     llmrs generate PROMPT [--chat] [sampling options]  chapter 4
     llmrs chat                                        chapter 4
+    llmrs quantize IN OUT --type q8_0|q4_0|q4_1|q4_k|q6_k  chapter 6
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 from . import __version__
@@ -175,6 +177,16 @@ def cmd_chat(args: argparse.Namespace) -> int:
         messages.append({"role": "assistant", "content": completion.text})
 
 
+def cmd_quantize(args: argparse.Namespace) -> int:
+    from .quant.requantize import requantize_gguf
+
+    counts = requantize_gguf(args.input, args.output, args.type)
+    size = os.path.getsize(args.output)
+    types = ", ".join(f"{n} {t}" for t, n in sorted(counts.items(), key=lambda kv: -kv[1]))
+    print(f"wrote {args.output}: {size:,} bytes ({_mib(size)}); tensors: {types}")
+    return 0
+
+
 def _add_sampling_options(p: argparse.ArgumentParser, max_tokens: int) -> None:
     p.add_argument("--model", help="a GGUF file (default: SmolLM2)")
     p.add_argument("--backend", default="numpy", choices=BACKENDS,
@@ -232,6 +244,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--stats", action="store_true", help="print tokens/s after each reply")
     _add_sampling_options(p, max_tokens=256)
     p.set_defaults(func=cmd_chat)
+
+    p = sub.add_parser("quantize", help="write a GGUF model with its weights in another format")
+    p.add_argument("input", help="the GGUF model to read")
+    p.add_argument("output", help="the GGUF file to write")
+    p.add_argument("--type", required=True, choices=("f32", "f16", "q8_0", "q4_0", "q4_1", "q4_k", "q6_k"),
+                   help="weight format of the matrices (norms stay f32)")
+    p.set_defaults(func=cmd_quantize)
     return parser
 
 
