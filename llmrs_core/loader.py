@@ -22,6 +22,7 @@ from .backends import BACKENDS, get_backend
 from .config import ModelConfig
 from .fetch import default_model_path, fetch_model
 from .formats.gguf import GGUFFile, read_gguf
+from .formats.hf import HFWeights
 from .generate import Completion, generate_ids
 from .model import LlamaModel
 from .sampling import SamplingParams
@@ -39,10 +40,10 @@ class Model:
             ``"learner"`` (your exercise code where it exists; chapters 3-4).
     """
 
-    def __init__(self, gguf: GGUFFile, backend: str = "numpy"):
-        self.gguf = gguf
+    def __init__(self, gguf: GGUFFile | HFWeights, backend: str = "numpy"):
+        self.gguf = gguf  # the weight source: a GGUF file, or a Hugging Face directory (chapter 10)
         self.path = gguf.path
-        self.config = ModelConfig.from_gguf(gguf)
+        self.config = gguf.config if isinstance(gguf, HFWeights) else ModelConfig.from_gguf(gguf)
         self.backend = backend
         self._backend = get_backend(backend)
 
@@ -116,7 +117,10 @@ class Model:
 
     @functools.cached_property
     def tokenizer(self) -> Tokenizer:
-        """The model's tokenizer, built from the GGUF's ``tokenizer.*`` metadata (chapter 2)."""
+        """The model's tokenizer, built from the GGUF's ``tokenizer.*`` metadata (chapter 2)
+        or a Hugging Face directory's ``tokenizer.json``."""
+        if isinstance(self.gguf, HFWeights):
+            return Tokenizer.from_hf_dir(self.path)
         return Tokenizer.from_gguf(self.gguf)
 
     @property
@@ -129,7 +133,7 @@ class Model:
 
     def tensor_types(self) -> dict[str, int]:
         """How many tensors are stored in each ggml type, e.g. ``{"Q4_1": 210, ...}``."""
-        return dict(Counter(t.ggml_type.name for t in self.gguf.tensors.values()).most_common())
+        return dict(Counter(t.type_name for t in self.gguf.tensors.values()).most_common())
 
     def stored_params(self) -> int:
         """Parameters actually stored in the file (sum over its tensor shapes)."""
@@ -173,7 +177,8 @@ class Model:
 
 
 def load(path: str | os.PathLike[str] | None = None, backend: str = "numpy") -> Model:
-    """Load a model: SmolLM2-135M-Instruct by default (fetched if missing), or a GGUF ``path``.
+    """Load a model: SmolLM2-135M-Instruct by default (fetched if missing), a GGUF file,
+    or a Hugging Face directory (``config.json`` + ``model.safetensors``, chapter 10).
 
     Raises ``FileNotFoundError`` for a missing path, ``GGUFError`` (a ``ValueError``)
     for a malformed file and ``ValueError`` for an unknown backend.
@@ -186,8 +191,5 @@ def load(path: str | os.PathLike[str] | None = None, backend: str = "numpy") -> 
             path = fetch_model()
     path = Path(path)
     if path.is_dir():
-        raise ValueError(
-            f"{path} is a directory; loading Hugging Face safetensors directories arrives "
-            "in chapter 10 — pass a .gguf file for now"
-        )
+        return Model(HFWeights(path), backend=backend)
     return Model(read_gguf(path), backend=backend)

@@ -45,11 +45,18 @@ class LayerWeights:
 
 
 class LlamaModel:
-    """A Llama-family transformer loaded from a GGUF file onto a backend."""
+    """A Llama-family transformer loaded onto a backend.
+
+    ``gguf`` is the weight source: a GGUF file, or anything with ``tensors``
+    (name -> info with ``shape``), ``path`` and ``float32(name)`` — a Hugging
+    Face directory (:class:`llmrs_core.formats.hf.HFWeights`, chapter 10),
+    whose ``rope_layout`` tells the backend how RoPE pairs dimensions.
+    """
 
     def __init__(self, gguf: GGUFFile, config: ModelConfig, backend: Backend):
         self.config = config
         self.backend = backend
+        backend.rope_layout = getattr(gguf, "rope_layout", "interleaved")
         self._check_tensors(gguf)
         b = backend
         self.token_embd = b.load_matrix(gguf, "token_embd.weight")

@@ -15,6 +15,10 @@ Steps (each writes into tests/golden/):
     hf         transformers running SmolLM2 in float32 (it dequantises the GGUF):
                token ids, last-position log-probabilities, per-position argmax,
                and greedy continuations -> smollm2_hf_golden.npz
+    torchbin   a small state dict saved by torch.save (float32, float16, bfloat16,
+               int64, a transposed view, two tensors sharing one storage, an
+               nn.Parameter) -> torch_checkpoint.bin, and its values as
+               torch_checkpoint.npz, for the restricted .bin loader
     llamacpp   llama.cpp through llama-cpp-python (pip install llama-cpp-python):
                greedy continuations with top-5 log-probabilities at each step
                -> smollm2_llamacpp_golden.json
@@ -149,7 +153,35 @@ def capture_llamacpp() -> None:
     print(f"wrote {dest} ({dest.stat().st_size:,} bytes)")
 
 
-STEPS = {"config": capture_config, "hf": capture_hf, "llamacpp": capture_llamacpp}
+def capture_torchbin() -> None:
+    import collections
+
+    import numpy as np
+    import torch
+
+    g = torch.Generator().manual_seed(0)
+    base = torch.randn(6, 4, generator=g)
+    state = collections.OrderedDict(
+        [
+            ("model.embed.weight", torch.randn(5, 3, generator=g)),
+            ("model.half", torch.randn(7, generator=g).half()),
+            ("model.bf16", torch.randn(2, 3, generator=g).bfloat16()),
+            ("model.ids", torch.arange(4, dtype=torch.int64)),
+            ("model.transposed", base.t()),  # a non-contiguous view
+            ("model.rows", base[2:4]),  # shares base's storage, with an offset
+            ("model.param", torch.nn.Parameter(torch.ones(2, 2))),
+            ("model.scalar", torch.tensor(3.5)),
+        ]
+    )
+    dest = GOLDEN / "torch_checkpoint.bin"
+    torch.save(state, dest)
+    values = {k.replace(".", "__"): v.detach().float().numpy() if v.dtype == torch.bfloat16 else v.detach().numpy()
+              for k, v in state.items()}
+    np.savez_compressed(GOLDEN / "torch_checkpoint.npz", **values)
+    print(f"wrote {dest} ({dest.stat().st_size:,} bytes) with torch {torch.__version__}")
+
+
+STEPS = {"config": capture_config, "hf": capture_hf, "llamacpp": capture_llamacpp, "torchbin": capture_torchbin}
 
 
 def main() -> None:

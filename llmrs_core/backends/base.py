@@ -28,11 +28,14 @@ class Backend(ABC):
     def load_matrix(self, gguf: GGUFFile, name: str) -> Any:
         """Prepare weight matrix ``name`` ``[out, in]`` for :meth:`matmul` and :meth:`embed`."""
 
+    #: "interleaved" (GGUF, llama.cpp) or "half" (Hugging Face layout): which dimensions RoPE pairs
+    rope_layout: str = "interleaved"
+
     def load_vector(self, gguf: GGUFFile, name: str) -> np.ndarray:
         """A 1-D float32 weight (norm scales)."""
-        from ..quant import dequantize_tensor
+        from ..quant import load_float32
 
-        return np.ascontiguousarray(dequantize_tensor(gguf, name), dtype=np.float32)
+        return np.ascontiguousarray(load_float32(gguf, name), dtype=np.float32)
 
     @abstractmethod
     def embed(self, table: Any, ids: np.ndarray) -> np.ndarray:
@@ -50,7 +53,7 @@ class Backend(ABC):
 
     @abstractmethod
     def rope(self, x: np.ndarray, positions: np.ndarray, theta: float) -> np.ndarray:
-        """Rotary embedding of ``x [T, H, D]`` in the GGUF (interleaved-pair) convention."""
+        """Rotary embedding of ``x [T, H, D]`` in the :attr:`rope_layout` convention."""
 
     @abstractmethod
     def attention(self, q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:

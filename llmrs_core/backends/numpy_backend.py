@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from .. import attention, layers, rope
-from ..quant import dequantize_tensor
+from ..quant import load_float32
 from .base import Backend
 
 if TYPE_CHECKING:
@@ -23,7 +23,7 @@ class NumpyBackend(Backend):
     name = "numpy"
 
     def load_matrix(self, gguf: GGUFFile, name: str) -> np.ndarray:
-        return np.ascontiguousarray(dequantize_tensor(gguf, name), dtype=np.float32)
+        return np.ascontiguousarray(load_float32(gguf, name), dtype=np.float32)
 
     def embed(self, table: np.ndarray, ids: np.ndarray) -> np.ndarray:
         return layers.embedding(ids, table)
@@ -38,6 +38,8 @@ class NumpyBackend(Backend):
         return layers.swiglu(gate, up)
 
     def rope(self, x: np.ndarray, positions: np.ndarray, theta: float) -> np.ndarray:
+        if self.rope_layout == "half":
+            return rope.apply_rope_half(x, positions, theta)
         return rope.apply_rope_interleaved(x, positions, theta)
 
     def attention(self, q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:

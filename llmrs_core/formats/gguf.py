@@ -114,6 +114,10 @@ class GGUFTensorInfo:
     def n_elements(self) -> int:
         return int(np.prod(self.shape, dtype=np.int64)) if self.shape else 1
 
+    @property
+    def type_name(self) -> str:
+        return self.ggml_type.name
+
 
 class _Cursor:
     """Bounds-checked little-endian reads from a buffer, for error messages with offsets."""

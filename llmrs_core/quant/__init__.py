@@ -3,6 +3,6 @@
     dequant   GGML block formats -> float32, vectorised with NumPy
 """
 
-from .dequant import dequantize, dequantize_all, dequantize_tensor
+from .dequant import dequantize, dequantize_all, dequantize_tensor, load_float32
 
-__all__ = ["dequantize", "dequantize_all", "dequantize_tensor"]
+__all__ = ["dequantize", "dequantize_all", "dequantize_tensor", "load_float32"]

@@ -99,3 +99,11 @@ def dequantize_tensor(gguf: GGUFFile, name: str) -> np.ndarray:
 def dequantize_all(gguf: GGUFFile) -> dict[str, np.ndarray]:
     """Every tensor of a GGUF file as float32 arrays, by name (SmolLM2: about 540 MB)."""
     return {name: dequantize_tensor(gguf, name) for name in gguf.tensors}
+
+
+def load_float32(source, name: str) -> np.ndarray:
+    """Weight ``name`` of a model source as float32: a GGUF file (dequantised) or any
+    source with a ``float32(name)`` method (a Hugging Face directory, chapter 10)."""
+    if hasattr(source, "float32"):
+        return source.float32(name)
+    return dequantize_tensor(source, name)

@@ -10,7 +10,10 @@ template. No external tokenizer library runs in this path; Hugging Face
 
 from __future__ import annotations
 
+import json
+import os
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import regex
@@ -100,6 +103,90 @@ class Tokenizer:
             chat_template=md.get("tokenizer.chat_template"),
             add_bos=bool(md.get("tokenizer.ggml.add_bos_token", False)),
         )
+
+    # -- Hugging Face tokenizer files (chapter 10) ---------------------------
+
+    PRE_TOKENIZER = {
+        "type": "Sequence",
+        "pretokenizers": [
+            {"type": "Digits", "individual_digits": True},
+            {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True},
+        ],
+    }
+
+    @classmethod
+    def from_hf_dir(cls, directory: str | os.PathLike[str]) -> Tokenizer:
+        """Build the tokenizer from a Hugging Face ``tokenizer.json`` (+ ``tokenizer_config.json``).
+
+        Only SmolLM2's kind is supported: byte-level BPE with digits split
+        individually; anything else raises ``ValueError`` rather than encode wrongly.
+        """
+        directory = Path(directory)
+        path = directory / "tokenizer.json"
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise FileNotFoundError(f"{directory} has no tokenizer.json") from None
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path}: not valid JSON ({e})") from None
+        model = data.get("model") or {}
+        if model.get("type") != "BPE" or data.get("pre_tokenizer") != cls.PRE_TOKENIZER:
+            raise ValueError(
+                f"{path}: only byte-level BPE with SmolLM2's pre-tokeniser (Digits + ByteLevel) is supported"
+            )
+        vocab: dict[str, int] = model["vocab"]
+        added = {t["content"]: (t["id"], t.get("special", False)) for t in data.get("added_tokens", [])}
+        size = max([*vocab.values(), *(i for i, _ in added.values())]) + 1
+        tokens = [""] * size
+        types = [TOKEN_UNUSED] * size
+        for text, i in vocab.items():
+            tokens[i], types[i] = text, TOKEN_NORMAL
+        for text, (i, special) in added.items():
+            tokens[i], types[i] = text, TOKEN_CONTROL if special else TOKEN_USER_DEFINED
+        merges = [m if isinstance(m, str) else " ".join(m) for m in model.get("merges", [])]
+        cfg_path = directory / "tokenizer_config.json"
+        cfg = json.loads(cfg_path.read_text(encoding="utf-8")) if cfg_path.exists() else {}
+
+        def special_id(key: str) -> int | None:
+            value = cfg.get(key)
+            content = value.get("content") if isinstance(value, dict) else value
+            return added.get(content, (vocab.get(content), False))[0] if content else None
+
+        return cls(
+            tokens, merges, types,
+            bos_token_id=special_id("bos_token"), eos_token_id=special_id("eos_token"),
+            chat_template=cfg.get("chat_template"), add_bos=bool(cfg.get("add_bos_token", False)),
+        )
+
+    def save_hf(self, directory: str | os.PathLike[str]) -> None:
+        """Write ``tokenizer.json`` and ``tokenizer_config.json`` that Hugging Face ``tokenizers``
+        (and :meth:`from_hf_dir`) read as this tokenizer."""
+        directory = Path(directory)
+        special = {t: i for t, i in self.special_tokens.items()}
+        added = [
+            {"id": i, "content": t, "single_word": False, "lstrip": False, "rstrip": False,
+             "normalized": False, "special": self.token_types[i] == TOKEN_CONTROL}
+            for t, i in sorted(special.items(), key=lambda kv: kv[1])
+        ]
+        merges = [[a, b] for (a, b), _ in sorted(self.ranks.items(), key=lambda kv: kv[1])]
+        data = {
+            "version": "1.0", "truncation": None, "padding": None, "added_tokens": added,
+            "normalizer": None, "pre_tokenizer": self.PRE_TOKENIZER, "post_processor": None,
+            "decoder": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True},
+            "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
+                      "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False,
+                      "ignore_merges": False, "vocab": dict(self.vocab),
+                      "merges": merges},
+        }
+        (directory / "tokenizer.json").write_text(json.dumps(data, ensure_ascii=False), encoding="utf-8")
+        config = {
+            "tokenizer_class": "GPT2Tokenizer",
+            "bos_token": self.tokens[self.bos_token_id] if self.bos_token_id is not None else None,
+            "eos_token": self.tokens[self.eos_token_id] if self.eos_token_id is not None else None,
+            "add_bos_token": self.add_bos,
+            "chat_template": self.chat_template,
+        }
+        (directory / "tokenizer_config.json").write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n")
 
     # -- encoding ------------------------------------------------------------
 

@@ -1,0 +1,194 @@
+"""Hugging Face model directories: loading them, and writing one from a GGUF file (chapter 10).
+
+A Hugging Face Llama checkpoint is a directory with ``config.json``,
+``model.safetensors`` (or shards listed in ``model.safetensors.index.json``),
+``tokenizer.json`` and ``tokenizer_config.json``. Its tensor names and one
+layout detail differ from GGUF's:
+
+* names: ``model.layers.3.self_attn.q_proj.weight`` is ``blk.3.attn_q.weight``;
+* the rows of W_q and W_k are in the order that Hugging Face's half-split
+  ("rotate_half") RoPE expects. llama.cpp's converter permutes them for its
+  interleaved RoPE (:func:`llmrs_core.rope.permute_for_interleaved`).
+
+:class:`HFWeights` presents a directory under GGUF names. By default it
+permutes W_q/W_k as the converter does, so the model runs with the usual
+interleaved RoPE; with ``permute_qk=False`` it keeps Hugging Face's order and
+the model runs half-split RoPE instead — the two give the same logits.
+:func:`export_hf` goes the other way: GGUF -> float32 safetensors in HF
+layout (un-permuted), with config and tokenizer files.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ..config import ModelConfig
+from ..rope import permute_for_interleaved, unpermute_from_interleaved
+from .safetensors import SafetensorsFile, read_safetensors, write_safetensors
+
+# (Hugging Face pattern, GGUF pattern); {i} is the layer number
+NAME_MAP = [
+    ("model.embed_tokens.weight", "token_embd.weight"),
+    ("model.norm.weight", "output_norm.weight"),
+    ("lm_head.weight", "output.weight"),
+    ("model.layers.{i}.input_layernorm.weight", "blk.{i}.attn_norm.weight"),
+    ("model.layers.{i}.self_attn.q_proj.weight", "blk.{i}.attn_q.weight"),
+    ("model.layers.{i}.self_attn.k_proj.weight", "blk.{i}.attn_k.weight"),
+    ("model.layers.{i}.self_attn.v_proj.weight", "blk.{i}.attn_v.weight"),
+    ("model.layers.{i}.self_attn.o_proj.weight", "blk.{i}.attn_output.weight"),
+    ("model.layers.{i}.post_attention_layernorm.weight", "blk.{i}.ffn_norm.weight"),
+    ("model.layers.{i}.mlp.gate_proj.weight", "blk.{i}.ffn_gate.weight"),
+    ("model.layers.{i}.mlp.up_proj.weight", "blk.{i}.ffn_up.weight"),
+    ("model.layers.{i}.mlp.down_proj.weight", "blk.{i}.ffn_down.weight"),
+]
+
+
+def _translate(name: str, src: int, dst: int) -> str | None:
+    for pair in NAME_MAP:
+        pattern = re.escape(pair[src]).replace(r"\{i\}", r"(\d+)")
+        m = re.fullmatch(pattern, name)
+        if m:
+            return pair[dst].replace("{i}", m.group(1)) if m.groups() else pair[dst]
+    return None
+
+
+def hf_to_gguf_name(name: str) -> str | None:
+    """``model.layers.3.mlp.up_proj.weight`` -> ``blk.3.ffn_up.weight``; None if unknown."""
+    return _translate(name, 0, 1)
+
+
+def gguf_to_hf_name(name: str) -> str | None:
+    return _translate(name, 1, 0)
+
+
+@dataclass(frozen=True)
+class TensorShape:
+    """What the engine needs to know of a tensor before reading it."""
+
+    shape: tuple[int, ...]
+    type_name: str
+    n_bytes: int
+
+    @property
+    def n_elements(self) -> int:
+        return int(np.prod(self.shape)) if self.shape else 1
+
+
+class HFWeights:
+    """A Hugging Face Llama directory seen as a weight source in GGUF names (float32).
+
+    Attributes: ``path``, ``config`` (from config.json), ``tensors`` (GGUF name
+    -> :class:`TensorShape`), ``rope_layout`` ("interleaved" or "half").
+    """
+
+    def __init__(self, directory: str | os.PathLike[str], permute_qk: bool = True):
+        self.path = Path(directory)
+        config_path = self.path / "config.json"
+        if not config_path.exists():
+            raise FileNotFoundError(f"{self.path} has no config.json: not a Hugging Face model directory")
+        try:
+            self.config = ModelConfig.from_hf_config(json.loads(config_path.read_text()))
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{config_path}: not valid JSON ({e})") from None
+        self.rope_layout = "interleaved" if permute_qk else "half"
+        self._files: list[SafetensorsFile] = []
+        self._where: dict[str, tuple[SafetensorsFile, str]] = {}
+        index = self.path / "model.safetensors.index.json"
+        if index.exists():
+            shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        elif (self.path / "model.safetensors").exists():
+            shards = ["model.safetensors"]
+        else:
+            raise FileNotFoundError(f"{self.path} has no model.safetensors (nor an index of shards)")
+        for shard in shards:
+            f = read_safetensors(self.path / shard)
+            self._files.append(f)
+            for hf_name in f.tensors:
+                name = hf_to_gguf_name(hf_name)
+                if name is None:
+                    continue  # rotary caches and the like: not weights the engine needs
+                self._where[name] = (f, hf_name)
+        self.tensors = {
+            name: TensorShape(f.tensors[hf].shape, f.tensors[hf].dtype, f.tensors[hf].end - f.tensors[hf].begin)
+            for name, (f, hf) in self._where.items()
+        }
+        self.file_size = sum((self.path / shard).stat().st_size for shard in shards)
+        self.metadata = {"general.name": self.path.name}
+
+    def float32(self, name: str) -> np.ndarray:
+        """Tensor ``name`` (GGUF naming) as float32, W_q/W_k rows permuted for interleaved RoPE if asked."""
+        try:
+            f, hf_name = self._where[name]
+        except KeyError:
+            raise KeyError(f"no tensor {name!r} in {self.path}") from None
+        w = f.to_float32(hf_name)
+        if self.rope_layout == "interleaved":
+            if name.endswith("attn_q.weight"):
+                w = permute_for_interleaved(w, self.config.n_heads)
+            elif name.endswith("attn_k.weight"):
+                w = permute_for_interleaved(w, self.config.n_kv_heads)
+        return w
+
+    def close(self) -> None:
+        for f in self._files:
+            f.close()
+
+
+def hf_config_dict(config: ModelConfig) -> dict:
+    """``config.json`` content for a Llama model with this config."""
+    return {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "vocab_size": config.vocab_size,
+        "hidden_size": config.hidden_size,
+        "intermediate_size": config.intermediate_size,
+        "num_hidden_layers": config.n_layers,
+        "num_attention_heads": config.n_heads,
+        "num_key_value_heads": config.n_kv_heads,
+        "head_dim": config.head_dim,
+        "max_position_embeddings": config.context_length,
+        "rope_theta": config.rope_theta,
+        "rms_norm_eps": config.rms_norm_eps,
+        "tie_word_embeddings": config.tie_embeddings,
+        "hidden_act": "silu",
+        "torch_dtype": "float32",
+    }
+
+
+def export_hf(gguf_path: str | os.PathLike[str], out_dir: str | os.PathLike[str]) -> Path:
+    """Write a GGUF Llama model as a Hugging Face directory: float32 safetensors, HF layout.
+
+    W_q/W_k are un-permuted back to Hugging Face's row order. The tokenizer
+    (``tokenizer.json``, ``tokenizer_config.json``) is written from the GGUF's
+    vocabulary, merges, special tokens and chat template.
+    """
+    from ..quant.dequant import dequantize_tensor
+    from ..tokenizer import Tokenizer
+    from .gguf import read_gguf
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    with read_gguf(gguf_path) as g:
+        config = ModelConfig.from_gguf(g)
+        tensors = {}
+        for name in g.tensors:
+            hf_name = gguf_to_hf_name(name)
+            if hf_name is None:
+                continue
+            w = dequantize_tensor(g, name)
+            if name.endswith("attn_q.weight"):
+                w = unpermute_from_interleaved(w, config.n_heads)
+            elif name.endswith("attn_k.weight"):
+                w = unpermute_from_interleaved(w, config.n_kv_heads)
+            tensors[hf_name] = np.ascontiguousarray(w, dtype=np.float32)
+        write_safetensors(out / "model.safetensors", tensors, {"format": "pt"})
+        (out / "config.json").write_text(json.dumps(hf_config_dict(config), indent=2) + "\n")
+        if "tokenizer.ggml.model" in g.metadata:  # test models may have no tokenizer
+            Tokenizer.from_gguf(g).save_hf(out)
+    return out

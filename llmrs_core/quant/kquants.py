@@ -1,0 +1,394 @@
+"""The K-quant block formats Q4_K and Q6_K: quantise and dequantise (chapter 6).
+
+The 32-weight formats of chapter 4 pay for their scales in full: Q4_1 stores
+an fp16 scale and an fp16 minimum for every 32 weights, 32 bits of overhead on
+128 bits of nibbles, so 5 bits per weight. The K-quants group 256 weights into
+a *super-block* and keep fine-grained scales (one per 32 or per 16 weights),
+but quantise those scales too: each is a small integer times one fp16
+super-scale. The scales stay local enough to follow the weights, yet cost
+only 6 or 8 bits each.
+
+Q4_K: 144 bytes for 256 weights = 4.5 bits per weight::
+
+    byte 0      2      4              16                                144
+         +------+------+--------------+-----------------------------------+
+         |  d   | dmin |  scales (12) |  qs: 128 bytes of 4-bit codes      |
+         | fp16 | fp16 |  6-bit x 16  |  (2 per byte)                      |
+         +------+------+--------------+-----------------------------------+
+
+    8 sub-blocks of 32 weights; sub-block j has a 6-bit scale sc_j and a
+    6-bit minimum m_j, packed into the 12 ``scales`` bytes:
+
+        byte 0..3   bits 0-5: sc_0..sc_3   bits 6-7: sc_4..sc_7 >> 4
+        byte 4..7   bits 0-5: m_0..m_3     bits 6-7: m_4..m_7 >> 4
+        byte 8..11  bits 0-3: sc_4..sc_7 & 15   bits 4-7: m_4..m_7 & 15
+
+    qs is four 32-byte chunks; chunk c holds sub-block 2c in its low
+    nibbles and sub-block 2c+1 in its high nibbles.
+
+        w = (d * sc_j) * q - (dmin * m_j)          q in 0..15
+
+    Bits: 4 per weight for q, plus (2+2+12) * 8 / 256 = 0.5 for the scales.
+
+Q6_K: 210 bytes for 256 weights = 6.5625 bits per weight::
+
+    byte 0                    128              192            208    210
+         +--------------------+----------------+--------------+------+
+         |  ql: low 4 bits    | qh: high 2 bits| scales: int8 |  d   |
+         |  of each code      | of each code   | x 16         | fp16 |
+         +--------------------+----------------+--------------+------+
+
+    16 sub-blocks of 16 weights, each with a signed 8-bit scale sc_j. The
+    256 codes are laid out in two halves of 128; within half h, for l < 32:
+
+        ql[64h + l]      low nibble: code l        high nibble: code l + 64
+        ql[64h + 32 + l] low nibble: code l + 32   high nibble: code l + 96
+        qh[32h + l]      bits 2k..2k+1: high 2 bits of code l + 32k (k = 0..3)
+
+        w = (d * sc_j) * (q - 32)                   q in 0..63
+
+    Bits: 6 per weight for q, plus (16 + 2) * 8 / 256 = 0.5625 for the scales.
+
+How the quantisers choose their numbers (ggml's ``quantize_row_q4_K_ref``
+and ``quantize_row_q6_K_ref``, the reference used to make model files):
+
+* Q4_K fits each 32-weight sub-block with an *asymmetric* grid
+  ``w ~ scale * q - min`` by weighted least squares: starting from the
+  plain min/max grid, it tries 21 stretched grids, solves the 2x2 normal
+  equations for the best scale and min of each, and keeps the one with the
+  least weighted squared error (weights ``rms + |x|`` favour the large
+  weights). The 8 scales and 8 mins are then quantised to 6 bits against
+  their largest, and the codes recomputed with the rounded scales.
+* Q6_K fits each 16-weight sub-block with a *symmetric* grid
+  ``w ~ scale * q`` (q in -32..31): it tries 19 grids around the one that
+  maps the largest |w| to -32, keeping the one that best fits (weights
+  ``x**2``). The 16 scales become int8 against the largest |scale|
+  (``d = max_scale / -128``), and the codes are recomputed.
+
+Bit-exactness with ggml (and so with the files llama.cpp writes) needs more
+than the same formulas: every float32 operation must happen in the same
+order with the same rounding. Three places matter here:
+
+* sums are accumulated strictly left to right, as the C loops do; NumPy's
+  ``sum`` adds pairwise and can differ in the last bit, which flips a
+  comparison now and then (see ``_sum_in_order``);
+* ggml rounds with a magic-number trick (``nearest_int``), reproduced bit
+  for bit, including what it does far outside its intended range;
+* every expression is evaluated as C evaluates it: ``a*b*c`` is
+  ``(a*b)*c``, ``x/d`` is a true division, no fused multiply-adds. (A
+  ggml build that lets the compiler fuse ``a*b - c*d``, e.g. on ARM, can
+  itself produce slightly different files.)
+
+Dequantisation is the same arithmetic as ``gguf.quants.dequantize``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..formats.ggml_types import QK_K, GGMLType, type_traits
+
+Q4_K_BYTES = type_traits(GGMLType.Q4_K).type_size  # 144
+Q6_K_BYTES = type_traits(GGMLType.Q6_K).type_size  # 210
+
+_F32 = np.float32
+_ROUND_MAGIC = _F32(12582912.0)  # 1.5 * 2**23, see _nearest_int
+_GROUP_MAX_EPS = _F32(1e-15)  # below this largest |x|, ggml treats a sub-block as all zero
+
+
+# -- helpers ------------------------------------------------------------------
+
+
+def _nearest_int(v: np.ndarray) -> np.ndarray:
+    """ggml's ``nearest_int``: float32 -> int32, rounding half to even.
+
+    Adding 1.5 * 2**23 leaves a float whose unit in the last place is 1, so
+    the addition itself rounds ``v`` to an integer, which then sits in the
+    low mantissa bits. Done on the bits exactly as ggml does, so that even
+    out-of-range values (possible mid-search) give ggml's answer.
+    """
+    bits = (v.astype(_F32, copy=False) + _ROUND_MAGIC).view(np.int32)
+    return (bits & 0x007FFFFF) - 0x00400000
+
+
+def _sum_in_order(a: np.ndarray) -> np.ndarray:
+    """``[n, rows]`` -> ``[rows]``: each column summed first to last in float32.
+
+    The C reference accumulates ``s += a[i]`` one element at a time; float
+    addition is not associative, so pairwise summation (``np.sum`` along a
+    contiguous axis) may differ in the last bit. Looping over the 16 or 32
+    positions of a sub-block, each step vectorised over every sub-block,
+    keeps ggml's order and stays fast.
+    """
+    acc = a[0].copy()
+    for row in a[1:]:
+        acc += row
+    return acc
+
+
+def _super_blocks(x: np.ndarray, name: str) -> np.ndarray:
+    """float32 ``[..., n]`` (n a multiple of 256) -> ``[n_blocks, 256]``."""
+    x = np.asarray(x, dtype=_F32)
+    if x.ndim == 0 or x.shape[-1] % QK_K:
+        length = "a scalar" if x.ndim == 0 else f"a last axis of {x.shape[-1]}"
+        raise ValueError(
+            f"{name} packs rows in super-blocks of {QK_K} values, so the last axis must be a "
+            f"multiple of {QK_K}; got shape {x.shape} ({length})"
+        )
+    return np.ascontiguousarray(x).reshape(-1, QK_K)
+
+
+def _raw_blocks(raw: np.ndarray, block_bytes: int, name: str) -> np.ndarray:
+    """Raw bytes (any shape) -> uint8 ``[n_blocks, block_bytes]``."""
+    raw = np.ascontiguousarray(raw, dtype=np.uint8).reshape(-1)
+    if raw.size % block_bytes:
+        raise ValueError(
+            f"{raw.size} bytes is not a whole number of {name} super-blocks ({block_bytes} bytes each)"
+        )
+    return raw.reshape(-1, block_bytes)
+
+
+def _fp16_bytes(v: np.ndarray) -> np.ndarray:
+    """float32 ``[n]`` -> ``[n, 2]`` little-endian fp16 bytes (round to nearest even, like ggml)."""
+    return v.astype("<f2").view(np.uint8).reshape(-1, 2)
+
+
+def _fp16_value(b: np.ndarray) -> np.ndarray:
+    """``[n, 2]`` fp16 bytes -> float32 ``[n]``."""
+    return np.ascontiguousarray(b).view("<f2").reshape(-1).astype(_F32)
+
+
+# -- Q4_K ---------------------------------------------------------------------
+
+
+def _fit_min_scale(x: np.ndarray, w: np.ndarray, nmax: int, rmin: float, rdelta: float, nstep: int):
+    """Weighted least-squares grid ``x ~ scale * q + min`` per column (ggml's ``make_qkx2_quants``).
+
+    ``x``, ``w``: float32 ``[n, rows]`` (one sub-block per column, ``w`` the
+    importance of each value). Returns ``(scale [rows], neg_min [rows],
+    q [n, rows] uint8 in 0..nmax)``; ``neg_min = -min >= 0``.
+    """
+    lo = x.min(axis=0)
+    lo = np.where(lo > 0, _F32(0), lo)  # the grid always reaches 0, so the min is never positive
+    hi = x.max(axis=0)
+    flat = hi == lo  # a constant sub-block (or all zero): all codes 0, scale 0
+    lo_start = lo
+
+    sum_w = _sum_in_order(w)
+    sum_x = _sum_in_order(w * x)
+
+    # The C code divides by zero or overflows on degenerate columns and later
+    # ignores the result; NumPy would warn about the same harmless values.
+    with np.errstate(all="ignore"):
+        iscale = _F32(nmax) / (hi - lo)
+        scale = _F32(1) / iscale
+        q = np.clip(_nearest_int(iscale * (x - lo)), 0, nmax)
+        diff = scale * q.astype(_F32) + lo - x
+        best_err = _sum_in_order(w * (diff * diff))
+
+        for step in range(nstep + 1):
+            # Stretch the grid a little (rmin + rdelta*step extra levels) and refit.
+            # ``lo`` is the best min found so far: ggml moves the grid with it.
+            stretch = _F32(rmin) + _F32(rdelta) * _F32(step) + _F32(nmax)
+            iscale = stretch / (hi - lo)
+            q_try = np.clip(_nearest_int(iscale * (x - lo)), 0, nmax)
+            qf = q_try.astype(_F32)
+            wq = w * qf
+            sum_q = _sum_in_order(wq)
+            sum_q2 = _sum_in_order(wq * qf)
+            sum_xq = _sum_in_order(wq * x)
+            # normal equations of min_{s,m} sum w (s*q + m - x)^2
+            det = sum_w * sum_q2 - sum_q * sum_q
+            s_try = (sum_w * sum_xq - sum_x * sum_q) / det
+            m_try = (sum_q2 * sum_x - sum_q * sum_xq) / det
+            pos = m_try > 0  # a positive min is not allowed: refit the scale alone with min 0
+            m_try = np.where(pos, _F32(0), m_try)
+            s_try = np.where(pos, sum_xq / sum_q2, s_try)
+            diff = s_try * qf + m_try - x
+            err = _sum_in_order(w * (diff * diff))
+
+            better = (det > 0) & (err < best_err)
+            q = np.where(better, q_try, q)
+            best_err = np.where(better, err, best_err)
+            scale = np.where(better, s_try, scale)
+            lo = np.where(better, m_try, lo)
+
+    # ggml returns before the search for a flat column; the search ran on it anyway, so undo it
+    scale = np.where(flat, _F32(0), scale)
+    lo = np.where(flat, lo_start, lo)
+    q = np.where(flat, 0, q)
+    return scale, -lo, q.astype(np.uint8)
+
+
+def quantize_q4_k(x: np.ndarray) -> np.ndarray:
+    """float32 ``[..., n]`` (n a multiple of 256) -> uint8 ``[..., n // 256 * 144]`` Q4_K blocks.
+
+    Bit-exact with ggml's ``quantize_row_q4_K_ref``. Raises ``ValueError``
+    if the last axis is not a whole number of super-blocks.
+    """
+    xin = np.asarray(x)
+    blocks = _super_blocks(xin, "Q4_K")
+    nb = blocks.shape[0]
+    # position-major: [32, nb*8], one column per 32-weight sub-block
+    xs = np.ascontiguousarray(blocks.reshape(nb * 8, 32).T)
+
+    # importance of each value: the sub-block's rms plus its own magnitude
+    rms = np.sqrt(_sum_in_order(xs * xs) / _F32(32))
+    w = rms + np.abs(xs)
+    scale, neg_min, q = _fit_min_scale(xs, w, nmax=15, rmin=-1.0, rdelta=0.1, nstep=20)
+    scale = scale.reshape(nb, 8)
+    neg_min = neg_min.reshape(nb, 8)
+
+    # Quantise the 8 scales and 8 mins to 6 bits against the largest of each.
+    max_scale = np.where(scale > 0, scale, _F32(0)).max(axis=1, keepdims=True)
+    max_min = np.where(neg_min > 0, neg_min, _F32(0)).max(axis=1, keepdims=True)
+    with np.errstate(divide="ignore"):
+        inv_scale = np.where(max_scale > 0, _F32(63) / max_scale, _F32(0))
+        inv_min = np.where(max_min > 0, _F32(63) / max_min, _F32(0))
+    # ggml stores the int in a uint8 before clamping, so a negative value wraps to >= 63
+    sc = np.minimum((_nearest_int(inv_scale * scale) & 0xFF).astype(np.uint8), 63)
+    mn = np.minimum((_nearest_int(inv_min * neg_min) & 0xFF).astype(np.uint8), 63)
+    d = (max_scale[:, 0] / _F32(63)).astype("<f2")
+    dmin = (max_min[:, 0] / _F32(63)).astype("<f2")
+
+    # Recompute the codes with the scales as they will be decoded.
+    d_sub = d.astype(_F32)[:, None] * sc.astype(_F32)  # [nb, 8]
+    m_sub = dmin.astype(_F32)[:, None] * mn.astype(_F32)
+    xb = blocks.reshape(nb, 8, 32)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        q_new = np.clip(_nearest_int((xb + m_sub[..., None]) / d_sub[..., None]), 0, 15)
+    q = q.T.reshape(nb, 8, 32)
+    # a sub-block whose scale rounded to 0 keeps the codes of its own fit, as in ggml
+    q = np.where(d_sub[..., None] != 0, q_new, q).astype(np.uint8)
+
+    out = np.empty((nb, Q4_K_BYTES), dtype=np.uint8)
+    out[:, 0:2] = _fp16_bytes(d)
+    out[:, 2:4] = _fp16_bytes(dmin)
+    out[:, 4:8] = sc[:, :4] | ((sc[:, 4:] >> 4) << 6)
+    out[:, 8:12] = mn[:, :4] | ((mn[:, 4:] >> 4) << 6)
+    out[:, 12:16] = (sc[:, 4:] & 0x0F) | ((mn[:, 4:] & 0x0F) << 4)
+    pairs = q.reshape(nb, 4, 2, 32)  # chunk c: sub-blocks 2c (low nibble) and 2c+1 (high)
+    out[:, 16:] = (pairs[:, :, 0] | (pairs[:, :, 1] << 4)).reshape(nb, 128)
+    return out.reshape(*xin.shape[:-1], xin.shape[-1] // QK_K * Q4_K_BYTES)
+
+
+def _q4_k_scales(packed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``[nb, 12]`` packed bytes -> 6-bit scales and mins, each uint8 ``[nb, 8]``."""
+    lo_sc, lo_m, rest = packed[:, 0:4], packed[:, 4:8], packed[:, 8:12]
+    sc = np.concatenate([lo_sc & 0x3F, (rest & 0x0F) | ((lo_sc >> 6) << 4)], axis=1)
+    mn = np.concatenate([lo_m & 0x3F, (rest >> 4) | ((lo_m >> 6) << 4)], axis=1)
+    return sc, mn
+
+
+def dequantize_q4_k(raw: np.ndarray) -> np.ndarray:
+    """Q4_K bytes (any shape, a whole number of 144-byte blocks) -> float32 ``[n_blocks * 256]``.
+
+    Bit-exact with ggml's ``dequantize_row_q4_K`` and ``gguf.quants.dequantize``.
+    """
+    b = _raw_blocks(raw, Q4_K_BYTES, "Q4_K")
+    nb = b.shape[0]
+    sc, mn = _q4_k_scales(b[:, 4:16])
+    d_sub = _fp16_value(b[:, 0:2])[:, None] * sc.astype(_F32)  # [nb, 8]
+    m_sub = _fp16_value(b[:, 2:4])[:, None] * mn.astype(_F32)
+    qs = b[:, 16:].reshape(nb, 4, 1, 32)
+    q = np.concatenate([qs & 0x0F, qs >> 4], axis=2).reshape(nb, 8, 32).astype(_F32)
+    return (d_sub[..., None] * q - m_sub[..., None]).reshape(-1)
+
+
+# -- Q6_K ---------------------------------------------------------------------
+
+
+def _fit_symmetric(x: np.ndarray, nmax: int) -> tuple[np.ndarray, np.ndarray]:
+    """Symmetric grid ``x ~ scale * q`` per column, q in ``-nmax..nmax-1`` (ggml's ``make_qx_quants``).
+
+    ``x``: float32 ``[n, rows]``, fitted with weights ``x**2``. Returns
+    ``(scale [rows], q [n, rows] int16 in 0..2*nmax-1)``, the codes offset by
+    ``nmax``; an all-zero column gets scale 0 and codes 0.
+    """
+    rows = np.arange(x.shape[1])
+    peak = x[np.abs(x).argmax(axis=0), rows]  # signed value of the largest |x| (first, as in ggml)
+    zero = np.abs(peak) < _GROUP_MAX_EPS
+    w = x * x
+    wx = w * x
+
+    def fit(stretch: np.float32):
+        # the grid maps the peak to -stretch (so -nmax is the level it lands on)
+        iscale = -stretch / peak
+        q = np.clip(_nearest_int(iscale * x), -nmax, nmax - 1)
+        qf = q.astype(_F32)
+        return q, _sum_in_order(wx * qf), _sum_in_order(w * qf * qf)
+
+    # all-zero columns divide by zero here; they are overwritten at the end
+    with np.errstate(divide="ignore", invalid="ignore"):
+        q, sum_xq, sum_q2 = fit(_F32(nmax))
+        scale = np.where(sum_q2 != 0, sum_xq / sum_q2, _F32(0))
+        best = scale * sum_xq
+        for step in range(-9, 10):
+            if step == 0:
+                continue
+            q_try, sxq, sq2 = fit(_F32(nmax) + _F32(0.1) * _F32(step))
+            # sxq^2 / sq2 is the error reduction of the fitted scale: keep the largest
+            better = (sq2 > 0) & (sxq * sxq > best * sq2)
+            q = np.where(better, q_try, q)
+            scale = np.where(better, sxq / sq2, scale)
+            best = np.where(better, scale * sxq, best)
+
+    scale = np.where(zero, _F32(0), scale)
+    q = np.where(zero, 0, q + nmax)
+    return scale, q.astype(np.int16)
+
+
+def quantize_q6_k(x: np.ndarray) -> np.ndarray:
+    """float32 ``[..., n]`` (n a multiple of 256) -> uint8 ``[..., n // 256 * 210]`` Q6_K blocks.
+
+    Bit-exact with ggml's ``quantize_row_q6_K_ref``. Raises ``ValueError``
+    if the last axis is not a whole number of super-blocks.
+    """
+    xin = np.asarray(x)
+    blocks = _super_blocks(xin, "Q6_K")
+    nb = blocks.shape[0]
+    xs = np.ascontiguousarray(blocks.reshape(nb * 16, 16).T)  # [16, nb*16]: a column per sub-block
+    scale, q = _fit_symmetric(xs, nmax=32)
+    scale = scale.reshape(nb, 16)
+
+    # the scale of largest magnitude, signed, first one on ties (as in ggml)
+    peak = scale[np.arange(nb), np.abs(scale).argmax(axis=1)][:, None]
+    empty = np.abs(peak[:, 0]) < _GROUP_MAX_EPS
+    with np.errstate(divide="ignore", invalid="ignore"):
+        iscale = _F32(-128) / peak  # maps the peak scale to -128
+        d = (_F32(1) / iscale[:, 0]).astype("<f2")
+        sc = (np.minimum(_nearest_int(iscale * scale), 127) & 0xFF).astype(np.uint8).view(np.int8)
+
+        # Recompute the codes with the scales as they will be decoded.
+        d_sub = d.astype(_F32)[:, None] * sc.astype(_F32)  # [nb, 16]
+        q_new = np.clip(_nearest_int(blocks.reshape(nb, 16, 16) / d_sub[..., None]), -32, 31) + 32
+    q = q.T.reshape(nb, 16, 16)
+    q = np.where(d_sub[..., None] != 0, q_new, q).astype(np.uint8)  # scale 0: keep the fit's codes
+
+    out = np.empty((nb, Q6_K_BYTES), dtype=np.uint8)
+    quarters = q.reshape(nb, 2, 4, 32)  # half h, quarter k, position l: code 128h + 32k + l
+    lo, hi = quarters & 0x0F, quarters >> 4
+    ql = np.concatenate([lo[:, :, 0] | (lo[:, :, 2] << 4), lo[:, :, 1] | (lo[:, :, 3] << 4)], axis=2)
+    qh = hi[:, :, 0] | (hi[:, :, 1] << 2) | (hi[:, :, 2] << 4) | (hi[:, :, 3] << 6)
+    out[:, 0:128] = ql.reshape(nb, 128)
+    out[:, 128:192] = qh.reshape(nb, 64)
+    out[:, 192:208] = sc.view(np.uint8)
+    out[:, 208:210] = _fp16_bytes(d)
+    out[empty] = 0  # ggml zeroes a block whose every sub-block is (nearly) zero
+    return out.reshape(*xin.shape[:-1], xin.shape[-1] // QK_K * Q6_K_BYTES)
+
+
+def dequantize_q6_k(raw: np.ndarray) -> np.ndarray:
+    """Q6_K bytes (any shape, a whole number of 210-byte blocks) -> float32 ``[n_blocks * 256]``.
+
+    Bit-exact with ggml's ``dequantize_row_q6_K`` and ``gguf.quants.dequantize``.
+    """
+    b = _raw_blocks(raw, Q6_K_BYTES, "Q6_K")
+    nb = b.shape[0]
+    ql = b[:, 0:128].reshape(nb, 2, 2, 32)  # half h, byte group g, position l
+    qh = b[:, 128:192].reshape(nb, 2, 1, 32)
+    lo = np.concatenate([ql & 0x0F, ql >> 4], axis=2)  # quarters 0,1 (low nibbles), 2,3 (high)
+    hi = (qh >> np.array([0, 2, 4, 6], dtype=np.uint8)[:, None]) & 0x03
+    q = ((lo | (hi << 4)).astype(np.int8) - np.int8(32)).reshape(nb, 16, 16).astype(_F32)
+    d_sub = _fp16_value(b[:, 208:210])[:, None] * b[:, 192:208].view(np.int8).astype(_F32)
+    return (d_sub[..., None] * q).reshape(-1)

@@ -1,0 +1,73 @@
+"""GGUF -> Hugging Face directory (float32 safetensors, HF layout) -> back into the engine."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+import llmrs_core as llmrs
+from llmrs_core.backends import NumpyBackend
+from llmrs_core.formats.hf import HFWeights, export_hf, gguf_to_hf_name, hf_to_gguf_name
+from llmrs_core.model import LlamaModel
+from llmrs_core.testing import write_tiny_llama
+
+
+def test_name_mapping_round_trips():
+    for name in ["token_embd.weight", "output.weight", "output_norm.weight", "blk.17.attn_q.weight",
+                 "blk.0.ffn_down.weight", "blk.3.attn_norm.weight", "blk.3.ffn_norm.weight"]:
+        assert hf_to_gguf_name(gguf_to_hf_name(name)) == name
+    assert gguf_to_hf_name("blk.2.attn_k.weight") == "model.layers.2.self_attn.k_proj.weight"
+    assert hf_to_gguf_name("model.layers.0.self_attn.rotary_emb.inv_freq") is None
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_tiny_model_round_trip(tmp_path, tied):
+    src = tmp_path / "tiny.gguf"
+    write_tiny_llama(src, tie_embeddings=tied, seed=1)
+    export_hf(src, tmp_path / "hf")
+    with llmrs.read_gguf(src) as g:
+        cfg = llmrs.ModelConfig.from_gguf(g)
+    ids = [1, 5, 9, 13, 2]
+    want = llmrs.load(src).logits(ids)
+    for permute in (True, False):
+        w = HFWeights(tmp_path / "hf", permute_qk=permute)
+        assert w.config == cfg
+        got = LlamaModel(w, w.config, NumpyBackend()).forward(ids)
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5,
+                                   err_msg=f"permute_qk={permute} ({w.rope_layout} RoPE)")
+
+
+def test_bad_directories(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no config.json"):
+        HFWeights(tmp_path)
+    (tmp_path / "config.json").write_text("{not json")
+    with pytest.raises(ValueError, match="not valid JSON"):
+        HFWeights(tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps({"hidden_size": 8, "num_attention_heads": 2,
+                                                      "vocab_size": 4, "intermediate_size": 8,
+                                                      "num_hidden_layers": 1}))
+    with pytest.raises(FileNotFoundError, match="no model.safetensors"):
+        HFWeights(tmp_path)
+
+
+@pytest.mark.model
+def test_smollm2_exported_to_hf_layout_gives_the_same_logits(model_path, tmp_path, hf_golden):
+    out = export_hf(model_path, tmp_path / "smollm2-hf")
+    gguf_model, hf_model = llmrs.load(model_path), llmrs.load(out)
+    ids = hf_golden["ids_2"].tolist()
+    assert hf_model.tokenizer.encode(str(hf_golden["prompts"][2])) == ids
+    want = gguf_model.logits(ids)
+    np.testing.assert_allclose(hf_model.logits(ids), want, rtol=0, atol=1e-4)
+    half = HFWeights(out, permute_qk=False)  # Hugging Face's own row order, half-split RoPE
+    got = LlamaModel(half, half.config, NumpyBackend()).forward(ids)
+    assert np.abs(got - want).max() < 1e-3
+    tokenizers = pytest.importorskip("tokenizers")
+    reference = tokenizers.Tokenizer.from_file(str(out / "tokenizer.json"))
+    text = "<|im_start|>user\nHi 2024 🦀<|im_end|>"
+    assert reference.encode(text).ids == gguf_model.tokenizer.encode(text)
+    st = pytest.importorskip("safetensors.numpy")
+    weights = st.load_file(str(out / "model.safetensors"))
+    assert weights["model.layers.0.self_attn.q_proj.weight"].shape == (576, 576)
+    assert "lm_head.weight" not in weights, "tied embeddings: no separate output head"
