@@ -119,8 +119,12 @@ class GGUFTensorInfo:
         return self.ggml_type.name
 
 
-class _Cursor:
-    """Bounds-checked little-endian reads from a buffer, for error messages with offsets."""
+class ByteCursor:
+    """Bounds-checked little-endian reads from a buffer, for error messages with offsets.
+
+    ``pos`` is the next byte to read; every read checks the bytes left first,
+    so a corrupt count fails with a message instead of a huge allocation.
+    """
 
     def __init__(self, buf: memoryview, source: str):
         self.buf = buf
@@ -175,7 +179,8 @@ class _Cursor:
             raise self.fail(f"{what}: not valid UTF-8 ({e.reason})", start) from None
 
 
-def _value_type(cur: _Cursor, what: str) -> GGUFValueType:
+def read_value_type(cur: ByteCursor, what: str) -> GGUFValueType:
+    """A metadata value's type tag (u32), checked."""
     start = cur.pos
     raw = cur.u32(f"value type of {what}")
     try:
@@ -184,7 +189,8 @@ def _value_type(cur: _Cursor, what: str) -> GGUFValueType:
         raise cur.fail(f"{what}: unknown metadata value type {raw}", start) from None
 
 
-def _read_value(cur: _Cursor, vtype: GGUFValueType, what: str, depth: int = 0) -> GGUFField:
+def read_value(cur: ByteCursor, vtype: GGUFValueType, what: str, depth: int = 0) -> GGUFField:
+    """One metadata value of type ``vtype`` at ``cur.pos`` (arrays recursively); ``what`` names it in errors."""
     if vtype is GGUFValueType.STRING:
         return GGUFField(cur.string(what), vtype)
     if vtype is not GGUFValueType.ARRAY:
@@ -192,7 +198,7 @@ def _read_value(cur: _Cursor, vtype: GGUFValueType, what: str, depth: int = 0) -
 
     if depth >= MAX_ARRAY_NESTING:
         raise cur.fail(f"{what}: arrays nested more than {MAX_ARRAY_NESTING} deep")
-    etype = _value_type(cur, f"elements of {what}")
+    etype = read_value_type(cur, f"elements of {what}")
     start = cur.pos
     count = cur.u64(f"element count of {what}")
     # the smallest possible element: a fixed scalar, an empty string (8 bytes)
@@ -214,7 +220,7 @@ def _read_value(cur: _Cursor, vtype: GGUFValueType, what: str, depth: int = 0) -
                 raise cur.fail(f"{what}: boolean array holds a byte other than 0 or 1", start)
             arr = arr.astype(bool)
         return GGUFField(arr.tolist(), vtype, etype)
-    items = [_read_value(cur, etype, f"{what}[{i}]", depth + 1).value for i in range(count)]
+    items = [read_value(cur, etype, f"{what}[{i}]", depth + 1).value for i in range(count)]
     return GGUFField(items, vtype, etype)
 
 
@@ -241,12 +247,12 @@ class GGUFFile:
         with open(self.path, "rb") as f:
             self._mmap = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
         try:
-            self._parse(_Cursor(memoryview(self._mmap), source))
+            self._parse(ByteCursor(memoryview(self._mmap), source))
         except BaseException:
             self.close()
             raise
 
-    def _parse(self, cur: _Cursor) -> None:
+    def _parse(self, cur: ByteCursor) -> None:
         magic = bytes(cur.take(4, "magic"))
         if magic != GGUF_MAGIC:
             raise cur.fail(f"not a GGUF file: magic is {magic!r}, expected {GGUF_MAGIC!r}", 0)
@@ -278,8 +284,8 @@ class GGUFFile:
             key = cur.string(f"key of metadata entry {i}")
             if key in self.fields:
                 raise cur.fail(f"metadata key {key!r} appears twice", key_at)
-            vtype = _value_type(cur, f"metadata {key!r}")
-            self.fields[key] = _read_value(cur, vtype, f"metadata {key!r}")
+            vtype = read_value_type(cur, f"metadata {key!r}")
+            self.fields[key] = read_value(cur, vtype, f"metadata {key!r}")
         self.metadata: dict[str, Any] = {k: f.value for k, f in self.fields.items()}
 
         alignment = self.metadata.get("general.alignment", DEFAULT_ALIGNMENT)

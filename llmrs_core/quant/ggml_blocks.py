@@ -99,9 +99,9 @@ def quantize(x: np.ndarray, ggml_type: GGMLType | int | str) -> np.ndarray:
     if t is GGMLType.F16:
         return np.ascontiguousarray(x.astype(np.float16)).view(np.uint8)
     if t is GGMLType.BF16:
-        from .floats import encode_bf16
+        from .floats import encode
 
-        return np.ascontiguousarray(encode_bf16(x)).view(np.uint8)
+        return np.ascontiguousarray(encode(x, "bf16")).view(np.uint8)
     if t in _QUANTIZERS:
         return _QUANTIZERS[t](x)
     if t in (GGMLType.Q4_K, GGMLType.Q6_K):
