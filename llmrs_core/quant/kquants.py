@@ -80,6 +80,13 @@ order with the same rounding. Three places matter here:
   itself produce slightly different files.)
 
 Dequantisation is the same arithmetic as ``gguf.quants.dequantize``.
+
+API::
+
+    quantize_q4_k(x)    float32 [..., n] -> uint8 [..., n // 256 * 144]
+    dequantize_q4_k(b)  uint8 (whole blocks) -> float32 [n_blocks * 256]
+    quantize_q6_k(x)    float32 [..., n] -> uint8 [..., n // 256 * 210]
+    dequantize_q6_k(b)  uint8 (whole blocks) -> float32 [n_blocks * 256]
 """
 
 from __future__ import annotations
@@ -130,10 +137,10 @@ def _super_blocks(x: np.ndarray, name: str) -> np.ndarray:
     """float32 ``[..., n]`` (n a multiple of 256) -> ``[n_blocks, 256]``."""
     x = np.asarray(x, dtype=_F32)
     if x.ndim == 0 or x.shape[-1] % QK_K:
-        length = "a scalar" if x.ndim == 0 else f"a last axis of {x.shape[-1]}"
+        got = "a scalar" if x.ndim == 0 else f"shape {x.shape}"
         raise ValueError(
             f"{name} packs rows in super-blocks of {QK_K} values, so the last axis must be a "
-            f"multiple of {QK_K}; got shape {x.shape} ({length})"
+            f"multiple of {QK_K}; got {got}"
         )
     return np.ascontiguousarray(x).reshape(-1, QK_K)
 
@@ -149,7 +156,7 @@ def _raw_blocks(raw: np.ndarray, block_bytes: int, name: str) -> np.ndarray:
 
 
 def _fp16_bytes(v: np.ndarray) -> np.ndarray:
-    """float32 ``[n]`` -> ``[n, 2]`` little-endian fp16 bytes (round to nearest even, like ggml)."""
+    """Values ``[n]`` -> ``[n, 2]`` little-endian fp16 bytes (rounded to nearest even, as ggml does)."""
     return v.astype("<f2").view(np.uint8).reshape(-1, 2)
 
 
@@ -171,7 +178,7 @@ def _fit_min_scale(x: np.ndarray, w: np.ndarray, nmax: int, rmin: float, rdelta:
     lo = x.min(axis=0)
     lo = np.where(lo > 0, _F32(0), lo)  # the grid always reaches 0, so the min is never positive
     hi = x.max(axis=0)
-    flat = hi == lo  # a constant sub-block (or all zero): all codes 0, scale 0
+    flat = hi == lo  # all values equal and <= 0 (e.g. all zero): codes 0, scale 0, min = that value
     lo_start = lo
 
     sum_w = _sum_in_order(w)
@@ -245,7 +252,7 @@ def quantize_q4_k(x: np.ndarray) -> np.ndarray:
     with np.errstate(divide="ignore"):
         inv_scale = np.where(max_scale > 0, _F32(63) / max_scale, _F32(0))
         inv_min = np.where(max_min > 0, _F32(63) / max_min, _F32(0))
-    # ggml stores the int in a uint8 before clamping, so a negative value wraps to >= 63
+    # ggml stores the int in a uint8 before clamping to 63, so a negative one wraps modulo 256
     sc = np.minimum((_nearest_int(inv_scale * scale) & 0xFF).astype(np.uint8), 63)
     mn = np.minimum((_nearest_int(inv_min * neg_min) & 0xFF).astype(np.uint8), 63)
     d = (max_scale[:, 0] / _F32(63)).astype("<f2")

@@ -83,26 +83,26 @@ def make_case(name: str) -> np.ndarray:
 
 # sha256(quantised bytes)[:24] of ggml's reference quantiser on make_case(name)
 CASES: dict[str, dict[str, str]] = {
-    "normal": {"Q4_K": "", "Q6_K": ""},
-    "uniform": {"Q4_K": "", "Q6_K": ""},
-    "outliers": {"Q4_K": "", "Q6_K": ""},
-    "heavy_tailed": {"Q4_K": "", "Q6_K": ""},
-    "positive": {"Q4_K": "", "Q6_K": ""},
-    "negative": {"Q4_K": "", "Q6_K": ""},
-    "mixed_scales": {"Q4_K": "", "Q6_K": ""},
-    "zero_sub_blocks": {"Q4_K": "", "Q6_K": ""},
-    "sparse": {"Q4_K": "", "Q6_K": ""},
-    "integers": {"Q4_K": "", "Q6_K": ""},
-    "tiny": {"Q4_K": "", "Q6_K": ""},
-    "underflow": {"Q4_K": "", "Q6_K": ""},
-    "all_zero": {"Q4_K": "", "Q6_K": ""},
-    "constant": {"Q4_K": "", "Q6_K": ""},
+    "normal": {"Q4_K": "fe8d79640dbeec849f992a45", "Q6_K": "0ff497cb3d5ce12849ea4b7b"},
+    "uniform": {"Q4_K": "8a3f51dd39d7d5f09c607475", "Q6_K": "341bd3e78d9ba0e624456049"},
+    "outliers": {"Q4_K": "5381e55c02cc5e026d7c20d8", "Q6_K": "69137cbf0df3a0656d14f621"},
+    "heavy_tailed": {"Q4_K": "6f6a04d86e33c393773d2312", "Q6_K": "0a2200af2966d0c446c1e2ba"},
+    "positive": {"Q4_K": "a85f616afb527f0e4379769b", "Q6_K": "6d4b4bc0e17e6e0da0b1167a"},
+    "negative": {"Q4_K": "0c38795f893963d20bc74447", "Q6_K": "8509b20cb77c44ef38b2d118"},
+    "mixed_scales": {"Q4_K": "0780ed8fbeba652f8f502a28", "Q6_K": "74133f5702e521107495533a"},
+    "zero_sub_blocks": {"Q4_K": "4841d68997b0887cd046cf1d", "Q6_K": "f416caed568cba4b5eed844e"},
+    "sparse": {"Q4_K": "5f9fd6327264afdd93424e22", "Q6_K": "b51cbf9cd6b3acbcb02d56da"},
+    "integers": {"Q4_K": "f4e1ecdf7fca2bfa82b4d027", "Q6_K": "13f4393546fe622df6ea4817"},
+    "tiny": {"Q4_K": "521b4c17fd50bdc8f4a1531b", "Q6_K": "461f60cfe2faaf3e1734403c"},
+    "underflow": {"Q4_K": "3adf57284a3f5016ddb089ac", "Q6_K": "03eb0169a130e809dcea508a"},
+    "all_zero": {"Q4_K": "4cf9816ed1062189ff0c8d42", "Q6_K": "065cc6b2b996ca729f6aa020"},
+    "constant": {"Q4_K": "928eb77457aa466e90602198", "Q6_K": "6f8ceeec0a0d1ce3573d0541"},
 }
 
 # The same for the real ffn_down weights of SmolLM2's first layer (rows of 1536;
 # SmolLM2's other matrices have rows of 576, not a whole number of super-blocks).
 MODEL_TENSOR = "blk.0.ffn_down.weight"
-MODEL_DIGESTS = {"Q4_K": "", "Q6_K": ""}
+MODEL_DIGESTS = {"Q4_K": "7a46652ed272410d01ed18e5", "Q6_K": "1d8054fa97a5b0a307b99113"}
 
 
 def digest(raw: np.ndarray) -> str:
