@@ -71,8 +71,8 @@ _DEQUANTIZERS = {
 def dequantize(raw: np.ndarray, ggml_type: GGMLType | int, shape: tuple[int, ...]) -> np.ndarray:
     """Stored bytes of a tensor -> float32 array of NumPy ``shape``.
 
-    Supports F32, F16, F64, BF16, Q8_0, Q4_0 and Q4_1 (the K-quants arrive in
-    chapter 6); anything else raises ``NotImplementedError`` naming the type.
+    Supports F32, F16, F64, BF16, Q8_0, Q4_0, Q4_1 and the K-quants Q4_K and
+    Q6_K (chapter 6); anything else raises ``NotImplementedError`` naming the type.
     """
     ggml_type = GGMLType(ggml_type)
     raw = np.asarray(raw, dtype=np.uint8)
@@ -82,8 +82,12 @@ def dequantize(raw: np.ndarray, ggml_type: GGMLType | int, shape: tuple[int, ...
         out = (raw.view("<u2").astype(np.uint32) << 16).view(np.float32)
     elif ggml_type in _DEQUANTIZERS:
         out = _DEQUANTIZERS[ggml_type](raw)
+    elif ggml_type in (GGMLType.Q4_K, GGMLType.Q6_K):
+        from . import kquants
+
+        out = kquants.dequantize_q4_k(raw) if ggml_type is GGMLType.Q4_K else kquants.dequantize_q6_k(raw)
     else:
-        raise NotImplementedError(f"dequantising {ggml_type.name} is not supported yet (chapter 6 adds the K-quants)")
+        raise NotImplementedError(f"dequantising {ggml_type.name} is not supported")
     n = int(np.prod(shape))
     if out.size != n:
         raise ValueError(f"{out.size} values decoded, but shape {shape} needs {n}")

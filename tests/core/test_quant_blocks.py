@@ -103,3 +103,19 @@ def test_requantise_refuses_bad_requests(tmp_path):
         requantize_gguf(src, tmp_path / "x.gguf", "q2_k")
     with pytest.raises(ValueError, match="different file"):
         requantize_gguf(src, src, "q8_0")
+
+
+@pytest.mark.parametrize("target, bound", [("q4_k", 0.3), ("q6_k", 0.1)])
+def test_requantise_to_k_quants(tmp_path, target, bound):
+    """Rows of 256 take the K-quant super-blocks; SmolLM2's 576-wide rows fall back to Q8_0."""
+    src, dst = tmp_path / "f32.gguf", tmp_path / f"{target}.gguf"
+    write_tiny_llama(src, hidden_size=256, intermediate_size=512, n_heads=4, n_kv_heads=2)
+    counts = requantize_gguf(src, dst, target)
+    assert counts[target.upper()] == 2 * 7 + 1
+    ref = llmrs.load(src).logits([1, 2, 3, 4])
+    got = llmrs.load(dst).logits([1, 2, 3, 4])
+    assert np.abs(got - ref).max() / np.abs(ref).max() < bound
+    narrow = tmp_path / "narrow.gguf"
+    write_tiny_llama(narrow)  # hidden size 32: no row fits a 256-value super-block
+    counts = requantize_gguf(narrow, tmp_path / "narrow-k.gguf", target)
+    assert target.upper() not in counts and counts["Q8_0"] == 2 * 7 + 1
