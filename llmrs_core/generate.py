@@ -49,7 +49,7 @@ class Completion:
         return steps / self.decode_seconds if self.decode_seconds else 0.0
 
 
-class _StopStringFilter:
+class StopStringFilter:
     """Passes text through, holding back any tail that could begin a stop string."""
 
     def __init__(self, stops: Sequence[str]):
@@ -112,7 +112,7 @@ def generate_ids(
     if tokenizer.eos_token_id is not None:
         eos.add(tokenizer.eos_token_id)
     decoder = tokenizer.stream_decoder(skip_special=True)
-    stops = _StopStringFilter(stop)
+    stops = StopStringFilter(stop)
     emitted: list[str] = []
 
     def emit(piece: str) -> None:

@@ -79,29 +79,43 @@ class Model:
     ) -> Completion | list[Completion]:
         """Generate a continuation of ``prompt`` (text, or token ids).
 
-        A list of prompts returns a list of completions, in order (run one
-        after the other for now; chapter 7 batches them). Greedy by default;
-        see :mod:`llmrs_core.sampling` for the sampling chain.
+        A list of prompts returns a list of completions, in order, computed
+        together by the continuous-batching engine (chapter 7); each prompt
+        gets its own sampler, seeded with ``seed``. Greedy by default; see
+        :mod:`llmrs_core.sampling` for the sampling chain.
         """
-        if isinstance(prompt, list) and prompt and not isinstance(prompt[0], (int, np.integer)):
-            return [
-                self.generate(
-                    p, max_tokens, temperature, top_p, top_k, min_p, repetition_penalty,
-                    presence_penalty, frequency_penalty, seed, stop, on_text,
-                )
-                for p in prompt
-            ]
-        ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else [int(i) for i in prompt]
+        batched = isinstance(prompt, list) and bool(prompt) and not isinstance(prompt[0], (int, np.integer))
         params = SamplingParams(
             temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
             repetition_penalty=repetition_penalty, presence_penalty=presence_penalty,
             frequency_penalty=frequency_penalty, seed=seed,
         )
+        if batched:
+            return self._generate_batch(prompt, max_tokens, params, stop)
+        ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else [int(i) for i in prompt]
         return generate_ids(
             self.network, self.tokenizer, ids, max_tokens=max_tokens, sampling=params, stop=stop,
             stop_token_ids=self._end_of_turn_ids(), on_text=on_text,
             sampler=self._backend.sampler(params),
         )
+
+    def _generate_batch(
+        self, prompts: list, max_tokens: int, params: SamplingParams, stop: Sequence[str]
+    ) -> list[Completion]:
+        """Run the prompts together through the continuous-batching engine (chapter 7)."""
+        from .engine import Engine
+
+        encoded = [self.tokenizer.encode(p) if isinstance(p, str) else [int(i) for i in p] for p in prompts]
+        block_size = 16
+        needed = sum(-(-(len(ids) + max_tokens) // block_size) for ids in encoded)
+        engine = Engine(self.network, self.tokenizer, num_blocks=min(max(needed, 1), 4096), block_size=block_size)
+        rids = [
+            engine.add_request(ids, max_tokens, params, stop, stop_token_ids=self._end_of_turn_ids())
+            for ids in encoded
+        ]
+        for _ in engine.run():
+            pass
+        return [engine.completion(rid) for rid in rids]
 
     def chat(self, messages: Sequence[Mapping[str, Any]], **kwargs: Any) -> Completion:
         """Render ``messages`` with the model's chat template and generate the assistant's reply."""

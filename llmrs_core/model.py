@@ -122,37 +122,65 @@ class LlamaModel:
         (``kv_cache.eviction``).
         """
         ids = np.asarray(ids, dtype=np.int64).reshape(-1)
-        if ids.size == 0:
-            raise ValueError("forward() needs at least one token id")
-        if ids.min() < 0 or ids.max() >= self.config.vocab_size:
-            bad = ids[(ids < 0) | (ids >= self.config.vocab_size)][0]
-            raise ValueError(f"token id {bad} is outside the vocabulary (0..{self.config.vocab_size - 1})")
         if cache is None:
-            cache = self.new_cache(ids.size)
+            cache = self.new_cache(max(ids.size, 1))
+        return self.forward_batch([(ids, cache)], last_only=last_only)[0]
+
+    def forward_batch(
+        self, batch: list[tuple[np.ndarray | list[int], Any]], last_only: bool = True
+    ) -> list[np.ndarray]:
+        """One step for several sequences at once (chapter 7's continuous batching).
+
+        ``batch`` holds ``(ids, cache)`` pairs: each sequence's new tokens (a
+        prefill chunk or one decode token) and its cache. All the tokens go
+        through the weight matrices together — ``[sum of T, d]`` — so each
+        weight is read once per step, not once per sequence; attention runs
+        per sequence over its own cache. Returns each sequence's logits:
+        ``[1, vocab]`` (its last token) with ``last_only``, else ``[T, vocab]``.
+        """
         c, b = self.config, self.backend
-        t = ids.size
+        all_ids = [np.asarray(ids, dtype=np.int64).reshape(-1) for ids, _ in batch]
+        for ids in all_ids:
+            if ids.size == 0:
+                raise ValueError("forward() needs at least one token id")
+            if ids.min() < 0 or ids.max() >= c.vocab_size:
+                bad = ids[(ids < 0) | (ids >= c.vocab_size)][0]
+                raise ValueError(f"token id {bad} is outside the vocabulary (0..{c.vocab_size - 1})")
+        caches = [cache for _, cache in batch]
+        sizes = [ids.size for ids in all_ids]
+        bounds = np.cumsum([0, *sizes])
         # A cache may number positions its own way (attention sinks count within the cache)
         # and may keep keys unrotated, rotating them by their cache index when read.
-        positions = cache.positions(t) if hasattr(cache, "positions") else np.arange(cache.length, cache.length + t)
-        rerotate = getattr(cache, "rerotates_keys", False)
-        x = b.embed(self.token_embd, ids)
+        positions = [
+            cache.positions(t) if hasattr(cache, "positions") else np.arange(cache.length, cache.length + t)
+            for cache, t in zip(caches, sizes)
+        ]
+        x = b.embed(self.token_embd, np.concatenate(all_ids))
         for i, layer in enumerate(self.layers):
             h = b.rms_norm(x, layer.attn_norm, c.rms_norm_eps)
-            q = b.matmul(h, layer.wq).reshape(t, c.n_heads, c.head_dim)
-            k = b.matmul(h, layer.wk).reshape(t, c.n_kv_heads, c.head_dim)
-            v = b.matmul(h, layer.wv).reshape(t, c.n_kv_heads, c.head_dim)
-            q = b.rope(q, positions, c.rope_theta)
-            if not rerotate:
-                k = b.rope(k, positions, c.rope_theta)
-            cache.write(i, k, v)
-            k_all, v_all = cache.view(i, t)
-            if rerotate:
-                k_all = b.rope(k_all, cache.key_positions(t), c.rope_theta)
-            attn = b.attention(q, k_all, v_all).reshape(t, c.n_heads * c.head_dim)
-            x = x + b.matmul(attn, layer.wo)
+            q_all, k_all, v_all = b.matmul(h, layer.wq), b.matmul(h, layer.wk), b.matmul(h, layer.wv)
+            outs = []
+            for j, (cache, t) in enumerate(zip(caches, sizes)):
+                lo, hi = bounds[j], bounds[j + 1]
+                q = b.rope(q_all[lo:hi].reshape(t, c.n_heads, c.head_dim), positions[j], c.rope_theta)
+                k = k_all[lo:hi].reshape(t, c.n_kv_heads, c.head_dim)
+                v = v_all[lo:hi].reshape(t, c.n_kv_heads, c.head_dim)
+                rerotate = getattr(cache, "rerotates_keys", False)
+                if not rerotate:
+                    k = b.rope(k, positions[j], c.rope_theta)
+                cache.write(i, k, v)
+                keys, values = cache.view(i, t)
+                if rerotate:
+                    keys = b.rope(keys, cache.key_positions(t), c.rope_theta)
+                outs.append(b.attention(q, keys, values).reshape(t, c.n_heads * c.head_dim))
+            x = x + b.matmul(np.concatenate(outs) if len(outs) > 1 else outs[0], layer.wo)
             h = b.rms_norm(x, layer.ffn_norm, c.rms_norm_eps)
             x = x + b.matmul(b.swiglu(b.matmul(h, layer.w_gate), b.matmul(h, layer.w_up)), layer.w_down)
-        cache.advance(t)
+        for cache, t in zip(caches, sizes):
+            cache.advance(t)
         if last_only:
-            x = x[-1:]
-        return b.matmul(b.rms_norm(x, self.output_norm, c.rms_norm_eps), self.output)
+            x = x[bounds[1:] - 1]
+            logits = b.matmul(b.rms_norm(x, self.output_norm, c.rms_norm_eps), self.output)
+            return [logits[j : j + 1] for j in range(len(batch))]
+        logits = b.matmul(b.rms_norm(x, self.output_norm, c.rms_norm_eps), self.output)
+        return [logits[bounds[j] : bounds[j + 1]] for j in range(len(batch))]
