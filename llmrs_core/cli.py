@@ -6,6 +6,7 @@
     llmrs generate PROMPT [--chat] [sampling options]  chapter 4
     llmrs chat                                        chapter 4
     llmrs quantize IN OUT --type q8_0|q4_0|q4_1|q4_k|q6_k  chapter 6
+    llmrs bench throughput [--requests N] [--json]    chapter 7
 """
 
 from __future__ import annotations
@@ -187,6 +188,15 @@ def cmd_quantize(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bench(args: argparse.Namespace) -> int:
+    from .engine.bench import format_throughput, throughput
+
+    model = load(args.model)
+    result = throughput(model, n_requests=args.requests, seed=args.seed, max_num_seqs=args.max_num_seqs)
+    print(json.dumps(result, indent=2) if args.json else format_throughput(result))
+    return 0
+
+
 def _add_sampling_options(p: argparse.ArgumentParser, max_tokens: int) -> None:
     p.add_argument("--model", help="a GGUF file (default: SmolLM2)")
     p.add_argument("--backend", default="numpy", choices=BACKENDS,
@@ -251,6 +261,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--type", required=True, choices=("f32", "f16", "q8_0", "q4_0", "q4_1", "q4_k", "q6_k"),
                    help="weight format of the matrices (norms stay f32)")
     p.set_defaults(func=cmd_quantize)
+
+    p = sub.add_parser("bench", help="benchmarks: `throughput` (offline serving, chapter 7)")
+    p.add_argument("what", choices=("throughput",), help="what to measure")
+    p.add_argument("--model", help="a GGUF file (default: SmolLM2)")
+    p.add_argument("--requests", type=int, default=32, help="number of requests (default 32)")
+    p.add_argument("--max-num-seqs", type=int, default=16, help="requests running at once (default 16)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random workload")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=cmd_bench)
     return parser
 
 

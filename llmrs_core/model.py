@@ -155,22 +155,26 @@ class LlamaModel:
             cache.positions(t) if hasattr(cache, "positions") else np.arange(cache.length, cache.length + t)
             for cache, t in zip(caches, sizes)
         ]
+        rerotate = [getattr(cache, "rerotates_keys", False) for cache in caches]
+        all_positions = np.concatenate(positions)
+        n = int(bounds[-1])
         x = b.embed(self.token_embd, np.concatenate(all_ids))
         for i, layer in enumerate(self.layers):
             h = b.rms_norm(x, layer.attn_norm, c.rms_norm_eps)
-            q_all, k_all, v_all = b.matmul(h, layer.wq), b.matmul(h, layer.wk), b.matmul(h, layer.wv)
+            # RoPE for every token of every sequence in one call: positions are per token
+            q_all = b.rope(b.matmul(h, layer.wq).reshape(n, c.n_heads, c.head_dim), all_positions, c.rope_theta)
+            k_all = b.matmul(h, layer.wk).reshape(n, c.n_kv_heads, c.head_dim)
+            k_rot = b.rope(k_all, all_positions, c.rope_theta) if not all(rerotate) else k_all
+            v_all = b.matmul(h, layer.wv).reshape(n, c.n_kv_heads, c.head_dim)
             outs = []
             for j, (cache, t) in enumerate(zip(caches, sizes)):
                 lo, hi = bounds[j], bounds[j + 1]
-                q = b.rope(q_all[lo:hi].reshape(t, c.n_heads, c.head_dim), positions[j], c.rope_theta)
-                k = k_all[lo:hi].reshape(t, c.n_kv_heads, c.head_dim)
-                v = v_all[lo:hi].reshape(t, c.n_kv_heads, c.head_dim)
-                rerotate = getattr(cache, "rerotates_keys", False)
-                if not rerotate:
-                    k = b.rope(k, positions[j], c.rope_theta)
+                q = q_all[lo:hi]
+                k = k_all[lo:hi] if rerotate[j] else k_rot[lo:hi]
+                v = v_all[lo:hi]
                 cache.write(i, k, v)
                 keys, values = cache.view(i, t)
-                if rerotate:
+                if rerotate[j]:
                     keys = b.rope(keys, cache.key_positions(t), c.rope_theta)
                 outs.append(b.attention(q, keys, values).reshape(t, c.n_heads * c.head_dim))
             x = x + b.matmul(np.concatenate(outs) if len(outs) > 1 else outs[0], layer.wo)

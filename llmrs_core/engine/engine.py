@@ -93,8 +93,12 @@ class Engine:
         stop_token_ids: Sequence[int] = (),
         priority: int = 0,
         request_id: str | None = None,
+        ignore_eos: bool = False,
     ) -> str:
-        """Queue a request; returns its id. Raises ``RequestRejected`` if it can never run."""
+        """Queue a request; returns its id. Raises ``RequestRejected`` if it can never run.
+
+        ``ignore_eos`` generates exactly ``max_tokens`` (for benchmarks).
+        """
         ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else [int(i) for i in prompt]
         if not ids:
             raise RequestRejected("the prompt is empty: give at least one token")
@@ -110,7 +114,7 @@ class Engine:
             raise ValueError(f"a request with id {rid!r} is already in flight")
         request = Request(rid, ids, max_tokens, priority)
         stop_ids = set(stop_token_ids)
-        if self.tokenizer.eos_token_id is not None:
+        if self.tokenizer.eos_token_id is not None and not ignore_eos:
             stop_ids.add(self.tokenizer.eos_token_id)
         request.state = _Progress(
             sampler=Sampler(sampling), stop_ids=frozenset(stop_ids),
@@ -145,7 +149,10 @@ class Engine:
         outputs = []
         for chunk, lg in zip(chunks, logits):
             r = chunk.request
+            before = r.num_computed
             r.num_computed += chunk.n_tokens
+            if before < len(r.prompt_ids) <= r.num_computed:
+                self.scheduler.cache_prompt(r)  # later arrivals can share this prompt already
             if r.num_computed < r.num_tokens:
                 continue  # a prefill chunk that has not reached the end of the prompt yet
             outputs.append(self._advance(r, lg[0], now))

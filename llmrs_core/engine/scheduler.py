@@ -137,6 +137,15 @@ class Scheduler:
             self.prefix_cache.unlock(request.prefix_node)
         request.prefix_node = None
 
+    def cache_prompt(self, request: Request) -> None:
+        """Offer a request's freshly computed prompt blocks to the prefix cache.
+
+        Called when its prefill completes, so requests admitted after it can
+        share the prompt while it is still running (not only once it ends).
+        """
+        if self.prefix_cache is not None and request.request_id in self.cache.tables:
+            self.prefix_cache.insert(request.prompt_ids[: request.num_computed], self.cache.tables[request.request_id])
+
     def finish(self, request: Request, reason: str) -> None:
         self.running.remove(request)
         request.status, request.finish_reason = RequestStatus.FINISHED, reason
