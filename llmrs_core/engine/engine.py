@@ -60,6 +60,8 @@ class Engine:
         max_num_batched_tokens: tokens computed in one step (chunked prefill).
         policy: ``"fcfs"`` or ``"priority"``.
         prefix_caching: reuse the KV blocks of shared prompt prefixes (radix tree).
+        scheduler_class, prefix_cache_class: other implementations with the same
+            interface — chapter 7's exercises plug yours in here.
     """
 
     def __init__(
@@ -72,12 +74,14 @@ class Engine:
         max_num_batched_tokens: int = 512,
         policy: str = "fcfs",
         prefix_caching: bool = True,
+        scheduler_class: type = Scheduler,
+        prefix_cache_class: type = RadixCache,
     ):
         self.model = model
         self.tokenizer = tokenizer
         self.cache = PagedKVCache(model.config, num_blocks=num_blocks, block_size=block_size)
-        self.prefix_cache = RadixCache(self.cache.allocator, block_size) if prefix_caching else None
-        self.scheduler = Scheduler(self.cache, max_num_seqs, max_num_batched_tokens, policy, self.prefix_cache)
+        self.prefix_cache = prefix_cache_class(self.cache.allocator, block_size) if prefix_caching else None
+        self.scheduler = scheduler_class(self.cache, max_num_seqs, max_num_batched_tokens, policy, self.prefix_cache)
         self.requests: dict[str, Request] = {}
         self._ids = itertools.count()
         self.steps = 0

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import enum
 import itertools
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -249,7 +248,3 @@ class Scheduler:
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 
-
-def blocks_for(tokens: Sequence[int] | int, block_size: int) -> int:
-    n = tokens if isinstance(tokens, int) else len(tokens)
-    return -(-n // block_size)
