@@ -20,10 +20,13 @@ IMPL ?= learner
 MODEL_FILE := SmolLM2-135M-Instruct.Q4_1.gguf
 PYTEST := $(PY) -m pytest
 NBVAL_TIMEOUT ?= 300
+# Tests and notebooks run BLAS on one thread: the NumPy backend's matrices are small, and
+# two BLAS threads on a busy 2-core machine make them several times slower and noisy.
+SINGLE_THREAD := OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 
 .DEFAULT_GOAL := help
 .PHONY: help setup lab demo fetch test test-solutions test-engine check-stubs nbval lint format \
-        test-chapter test-exercise check-env notebooks bench-tokenizer clean
+        test-chapter test-exercise check-env notebooks bench-tokenizer bench-throughput clean
 
 # `make test-chapter 1`: the chapter number arrives as a goal of its own;
 # take it as N and give it an empty rule so make does not try to build it.
@@ -93,16 +96,20 @@ format: setup
 
 # exercise tests against the solutions, plus the engine tests (tests/core)
 test-solutions: fetch
-	$(PYTEST) tests -q --no-header --impl solutions
+	$(SINGLE_THREAD) $(PYTEST) tests -q --no-header --impl solutions
 
 # the untouched stubs must fail only with "not implemented"
 check-stubs: setup
-	$(PYTEST) tests -q --no-header --impl learner --expect-stubs -m "not core"
+	$(SINGLE_THREAD) $(PYTEST) tests -q --no-header --impl learner --expect-stubs -m "not core"
 
 nbval: fetch
-	LLMRS_IMPL=solutions $(PYTEST) chapters --nbval-lax --nbval-current-env \
+	LLMRS_IMPL=solutions $(SINGLE_THREAD) $(PYTEST) chapters --nbval-lax --nbval-current-env \
 	  --nbval-cell-timeout=$(NBVAL_TIMEOUT) --nbval-sanitize-with tests/nbval_sanitize.cfg \
 	  -q --no-header
+
+# offline serving throughput of the continuous-batching engine (chapter 7)
+bench-throughput: fetch
+	$(VENV)/bin/llmrs bench throughput
 
 # encode speed of our tokenizer against Hugging Face tokenizers (chapter 2)
 bench-tokenizer: fetch
@@ -110,7 +117,7 @@ bench-tokenizer: fetch
 
 # re-run every notebook in place so stored outputs and plots match the code
 notebooks: fetch
-	$(PY) scripts/refresh_notebooks.py
+	$(SINGLE_THREAD) $(PY) scripts/refresh_notebooks.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis
