@@ -195,3 +195,44 @@ def first_difference(ours: list, theirs: list, show: Any = str) -> str:
     a = show(ours[i]) if i < len(ours) else "<end>"
     b = show(theirs[i]) if i < len(theirs) else "<end>"
     return f"first difference at position {i}: yours {a!r}, reference {b!r}"
+
+
+class ByteTokenizer:
+    """Just enough tokenizer for generation tests on tiny models: one byte per token id.
+
+    Id 0 is the end-of-sequence token; text is UTF-8 bytes (a tiny model needs
+    ``vocab_size=256`` for arbitrary text).
+    """
+
+    eos_token_id = 0
+    special_tokens: dict = {}
+
+    def encode(self, text: str, allow_special: bool = True) -> list[int]:
+        return list(text.encode())
+
+    def stream_decoder(self, skip_special: bool = False):
+        import codecs
+
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+        class _Decoder:
+            def add(self, token_id: int) -> str:
+                return decoder.decode(bytes([token_id]))
+
+            def flush(self) -> str:
+                return decoder.decode(b"", final=True)
+
+        return _Decoder()
+
+
+def longest_cached_prefix(stored: list[tuple[int, ...]], query: list[int], block_size: int) -> int:
+    """The naive model of a prefix cache: the longest whole-block prefix of ``query`` that one
+    of the ``stored`` sequences starts with, leaving at least the last token of ``query`` out."""
+    limit = (len(query) - 1) // block_size * block_size
+    best = 0
+    for s in stored:
+        n = 0
+        while n + block_size <= min(len(s), limit) and tuple(s[n : n + block_size]) == tuple(query[n : n + block_size]):
+            n += block_size
+        best = max(best, n)
+    return best

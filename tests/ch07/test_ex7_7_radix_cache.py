@@ -7,6 +7,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from llmrs_core.kv_cache.paged import BlockAllocator
+from llmrs_core.testing import longest_cached_prefix
 
 
 def store(tree, alloc, seq):
@@ -86,13 +87,7 @@ def test_ex7_7_matches_the_naive_longest_prefix(ex, seqs, query):
         store(tree, alloc, s)
         stored.append(tuple(s[: len(s) // bs * bs]))
     matched, blocks, _ = tree.match_prefix(query)
-    limit = (len(query) - 1) // bs * bs
-    best = 0
-    for s in stored:
-        n = 0
-        while n + bs <= min(len(s), limit) and s[n : n + bs] == tuple(query[n : n + bs]):
-            n += bs
-        best = max(best, n)
+    best = longest_cached_prefix(stored, query, bs)
     assert matched == best, f"matched {matched} tokens, the longest cached block prefix is {best}"
     assert len(blocks) == matched // bs
     distinct = tree.num_blocks

@@ -10,31 +10,7 @@ from hypothesis import strategies as st
 import llmrs_core as llmrs
 from llmrs_core.engine import Engine, RadixCache, RequestRejected, RequestStatus
 from llmrs_core.kv_cache.paged import BlockAllocator
-from llmrs_core.testing import write_tiny_llama
-
-
-class ByteTokenizer:
-    """One token per byte; the tiny model has 256 ids. Id 0 is end-of-sequence."""
-
-    eos_token_id = 0
-    special_tokens: dict = {}
-
-    def encode(self, text, allow_special=True):
-        return list(text.encode())
-
-    def stream_decoder(self, skip_special=False):
-        import codecs
-
-        dec = codecs.getincrementaldecoder("utf-8")(errors="replace")
-
-        class D:
-            def add(self, i):
-                return dec.decode(bytes([i]))
-
-            def flush(self):
-                return dec.decode(b"", final=True)
-
-        return D()
+from llmrs_core.testing import ByteTokenizer, longest_cached_prefix, write_tiny_llama
 
 
 @pytest.fixture(scope="module")
@@ -177,13 +153,7 @@ def test_radix_match_is_the_longest_cached_block_prefix(seqs, query):
         for b in blocks:
             alloc.decref(b)  # the "request" lets go; the tree keeps what it took
     matched, blocks, _ = tree.match_prefix(query)
-    limit = (len(query) - 1) // bs * bs
-    best = 0
-    for s in stored:
-        n = 0
-        while n + bs <= min(len(s), limit) and s[n : n + bs] == tuple(query[n : n + bs]):
-            n += bs
-        best = max(best, n)
+    best = longest_cached_prefix(stored, query, bs)
     assert matched == best and len(blocks) == matched // bs
     assert all(alloc.ref_counts[b] >= 1 for b in blocks), "matched blocks are alive"
     tree.clear()

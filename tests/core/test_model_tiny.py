@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import llmrs_core as llmrs
-from llmrs_core.testing import TINY_LLAMA, naive_llama, tiny_llama_tensors, write_tiny_llama
+from llmrs_core.testing import TINY_LLAMA, ByteTokenizer, naive_llama, tiny_llama_tensors, write_tiny_llama
 
 
 @pytest.fixture(scope="module", params=[True, False], ids=["tied", "untied"])
@@ -62,28 +62,6 @@ def test_missing_tensor_is_named(tmp_path):
         llmrs.load(path).logits([1])
 
 
-class ByteTokenizer:
-    """Just enough tokenizer for generation tests on the tiny model: one byte per id."""
-
-    eos_token_id = 0
-    special_tokens: dict = {}
-
-    def encode(self, text, allow_special=True):
-        return list(text.encode())
-
-    def stream_decoder(self, skip_special=False):
-        import codecs
-
-        dec = codecs.getincrementaldecoder("utf-8")(errors="replace")
-
-        class D:
-            def add(self, i):
-                return dec.decode(bytes([i]))
-
-            def flush(self):
-                return dec.decode(b"", final=True)
-
-        return D()
 
 
 def scripted(tokens):
