@@ -13,6 +13,7 @@ to our own NumPy stand-in, and anything else stops the load with an
 
 from __future__ import annotations
 
+import _compat_pickle
 import collections
 import os
 import pickle
@@ -83,6 +84,9 @@ class _RestrictedUnpickler(pickle.Unpickler):
         self.storages: dict[str, tuple[np.ndarray, bool]] = {}
 
     def find_class(self, module: str, name: str) -> Any:
+        # protocol-2 pickles (torch's default) name Python 2 modules: __builtin__ for builtins
+        module, name = _compat_pickle.NAME_MAPPING.get((module, name), (module, name))
+        module = _compat_pickle.IMPORT_MAPPING.get(module, module)
         try:
             return ALLOWED[(module, name)]
         except KeyError:
