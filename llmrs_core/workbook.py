@@ -129,7 +129,8 @@ def run_tests(exercise: str, impl: str | None = None, verbose: bool = False) -> 
         "--impl", impl, "--no-header", "-q" if not verbose else "-v", "--tb=short",
         "--color=no", "-p", "no:cacheprovider",
     ]
-    proc = subprocess.run(cmd, cwd=root, capture_output=True, text=True)
+    env = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", **os.environ}
+    proc = subprocess.run(cmd, cwd=root, capture_output=True, text=True, env=env)
     out = proc.stdout.strip().splitlines()
     summary = out[-1] if out else proc.stderr.strip()
     print(f"Exercise {exercise} ({impl}): ", end="")

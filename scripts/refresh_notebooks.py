@@ -35,6 +35,9 @@ def refresh(path: Path) -> None:
 
 def main(argv: list[str]) -> int:
     os.environ["LLMRS_IMPL"] = "solutions"
+    # one BLAS thread: steady and fast for the NumPy backend's small matrices (see the Makefile)
+    for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ.setdefault(var, "1")
     paths = [Path(a).resolve() for a in argv] or sorted((ROOT / "chapters").glob("*/*.ipynb"))
     for path in paths:
         refresh(path)
