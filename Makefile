@@ -70,12 +70,12 @@ test-chapter: setup
 	@if ! [[ "$(N)" =~ ^[0-9]+$$ ]]; then echo "usage: make test-chapter 1   (or N=1; add IMPL=solutions for the reference solutions)"; exit 2; fi
 	@dir=tests/ch$$(printf %02d $(N)); \
 	if [ ! -d $$dir ]; then echo "chapter $(N) has no exercises yet"; exit 2; fi; \
-	$(PYTEST) $$dir -q --no-header --tb=short --impl $(IMPL)
+	$(SINGLE_THREAD) $(PYTEST) $$dir -q --no-header --tb=short --impl $(IMPL)
 
 test-exercise: setup
 	@if ! [[ "$(E)" =~ ^[0-9]+\.[0-9]+$$ ]]; then echo "usage: make test-exercise E=1.6   (add IMPL=solutions for the reference solutions)"; exit 2; fi
 	@ch=$${E%%.*}; dir=tests/ch$$(printf %02d $$ch); key=ex$$(echo $(E) | tr . _)_; \
-	$(PYTEST) $$dir -q --no-header --tb=short --impl $(IMPL) -k $$key
+	$(SINGLE_THREAD) $(PYTEST) $$dir -q --no-header --tb=short --impl $(IMPL) -k $$key
 
 check-env:
 	@if [ -x $(PY) ]; then $(PY) llmrs_core/check_env.py; else $(PYTHON) llmrs_core/check_env.py; fi
