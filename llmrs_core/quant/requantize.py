@@ -4,7 +4,9 @@ Every 2-D weight matrix is dequantised to float32 and quantised to the
 target type; 1-D tensors (the norms) stay F32, as llama.cpp keeps them.
 A matrix whose rows do not split into whole blocks of the target type
 (SmolLM2's 576-wide rows and the 256-weight K-quant super-blocks) falls
-back to Q8_0 — llama.cpp falls back too, to a similar-size legacy type.
+back to Q8_0. llama.cpp falls back too, but to a closer legacy type (Q5_0
+for Q4_K), which this engine does not implement: our ``--type q4_k`` files
+are larger than llama.cpp's.
 All metadata is copied with its stored types; ``general.file_type`` is set
 to the llama.cpp file type of the target.
 """

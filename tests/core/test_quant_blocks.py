@@ -120,3 +120,15 @@ def test_requantise_to_k_quants(tmp_path, target, bound):
     write_tiny_llama(narrow)  # hidden size 32: no row fits a 256-value super-block
     counts = requantize_gguf(narrow, tmp_path / "narrow-k.gguf", target)
     assert target.upper() not in counts and counts["Q8_0"] == 2 * 7 + 1
+
+
+@pytest.mark.model
+def test_requantising_smollm2_reproduces_llamacpps_bytes(smollm2_gguf):
+    """The file's Q4_1 matrices and Q8_0 embedding were written by llama.cpp's quantiser:
+    quantising their dequantised values again must give the very same bytes."""
+    names = ["token_embd.weight", "blk.0.attn_q.weight", "blk.7.ffn_down.weight", "blk.29.ffn_up.weight"]
+    for name in names:
+        info = smollm2_gguf.tensors[name]
+        values = dequantize(smollm2_gguf.tensor_bytes(name), info.ggml_type, info.shape)
+        again = quantize(values, info.ggml_type).reshape(-1)
+        assert np.array_equal(again, smollm2_gguf.tensor_bytes(name)), name
