@@ -190,3 +190,23 @@ def test_smollm2_sixteen_requests_batched_equal_alone(model_path):
     batched = model.generate(prompts, max_tokens=6)
     for p, out in zip(prompts, batched):
         assert out.token_ids == model.generate(p, max_tokens=6).token_ids, p
+
+
+@pytest.mark.model
+def test_smollm2_prefix_hit_and_preemption_do_not_change_outputs(model_path):
+    model = llmrs.load(model_path)
+    net, tok = model.network, model.tokenizer
+    system = "<|im_start|>system\nYou are a concise assistant who answers in one sentence.<|im_end|>\n"
+    prompts = [tok.encode(system + f"<|im_start|>user\nName a colour, number {i}.<|im_end|>\n<|im_start|>assistant\n")
+               for i in range(4)]
+    want = [alone(net, p, 6) for p in prompts]
+    engine = Engine(net, tok, num_blocks=64, block_size=8)
+    first = engine.generate(prompts[:1], max_tokens=6)
+    rest = engine.generate(prompts[1:], max_tokens=6)
+    assert engine.prefix_cache.hit_tokens > 0
+    assert [c.token_ids for c in first + rest] == [w[: len(c.token_ids)] for w, c in zip(want, first + rest)]
+    # 33-token prompts fill 9 blocks of 4; two fit in 18 blocks, then both need a 10th: preemption
+    small = Engine(net, tok, num_blocks=18, block_size=4, prefix_caching=False)
+    outs = small.generate(prompts, max_tokens=6)
+    assert small.scheduler.num_preemptions > 0
+    assert [c.token_ids for c in outs] == [w[: len(c.token_ids)] for w, c in zip(want, outs)]
