@@ -58,8 +58,8 @@ def test_load_front_door(tmp_path):
     assert "params" in repr(model)
     with pytest.raises(ValueError, match="unknown backend 'cuda'"):
         llmrs.load(path, backend="cuda")
-    with pytest.raises(ValueError, match="is a directory"):
-        llmrs.load(tmp_path)
+    with pytest.raises(FileNotFoundError, match="no config.json"):
+        llmrs.load(tmp_path)  # a directory is read as a Hugging Face model (chapter 10)
     with pytest.raises(FileNotFoundError):
         llmrs.load(tmp_path / "missing.gguf")
 
