@@ -26,7 +26,7 @@ SINGLE_THREAD := OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 
 .DEFAULT_GOAL := help
 .PHONY: help setup lab demo fetch test test-solutions test-engine check-stubs nbval lint format \
-        test-chapter test-exercise check-env notebooks bench-tokenizer bench-throughput clean
+        test-chapter test-exercise check-env notebooks bench bench-tokenizer bench-throughput clean
 
 # `make test-chapter 1`: the chapter number arrives as a goal of its own;
 # take it as N and give it an empty rule so make does not try to build it.
@@ -106,6 +106,11 @@ nbval: fetch
 	LLMRS_IMPL=solutions $(SINGLE_THREAD) $(PYTEST) chapters --nbval-lax --nbval-current-env \
 	  --nbval-cell-timeout=$(NBVAL_TIMEOUT) --nbval-sanitize-with tests/nbval_sanitize.cfg \
 	  -q --no-header
+
+# prompt processing / generation speed, llama-bench style, with llama.cpp's in the same run
+# when llama-cpp-python is installed (`.venv/bin/pip install llama-cpp-python`: a 5-minute build)
+bench: fetch
+	$(VENV)/bin/llmrs bench speed
 
 # offline serving throughput of the continuous-batching engine (chapter 7)
 bench-throughput: fetch

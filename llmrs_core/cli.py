@@ -7,6 +7,7 @@
     llmrs chat                                        chapter 4
     llmrs quantize IN OUT --type q8_0|q4_0|q4_1|q4_k|q6_k  chapter 6
     llmrs bench throughput [--requests N] [--json]    chapter 7
+    llmrs bench speed [--pp 512 --tg 128 --threads 2]  appendix A (ratio to llama.cpp if installed)
 """
 
 from __future__ import annotations
@@ -189,9 +190,16 @@ def cmd_quantize(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
+    model = load(args.model, backend=args.backend)
+    if args.what == "speed":
+        from .bench import format_speed, speed
+
+        result = speed(model, pp=args.pp, tg=args.tg, repetitions=args.repetitions, threads=args.threads,
+                       compare=not args.no_compare)
+        print(json.dumps(result, indent=2) if args.json else format_speed(result))
+        return 0
     from .engine.bench import format_throughput, throughput
 
-    model = load(args.model)
     result = throughput(model, n_requests=args.requests, seed=args.seed, max_num_seqs=args.max_num_seqs)
     print(json.dumps(result, indent=2) if args.json else format_throughput(result))
     return 0
@@ -262,9 +270,17 @@ def build_parser() -> argparse.ArgumentParser:
                    help="weight format of the matrices (norms stay f32)")
     p.set_defaults(func=cmd_quantize)
 
-    p = sub.add_parser("bench", help="benchmarks: `throughput` (offline serving, chapter 7)")
-    p.add_argument("what", choices=("throughput",), help="what to measure")
+    p = sub.add_parser(
+        "bench", help="benchmarks: `speed` (pp/tg, llama-bench style) or `throughput` (serving, chapter 7)"
+    )
+    p.add_argument("what", choices=("speed", "throughput"), help="what to measure")
     p.add_argument("--model", help="a GGUF file (default: SmolLM2)")
+    p.add_argument("--backend", default="numpy", choices=BACKENDS, help="compute backend (default numpy)")
+    p.add_argument("--pp", type=int, default=512, help="speed: prompt tokens (default 512)")
+    p.add_argument("--tg", type=int, default=128, help="speed: generated tokens (default 128)")
+    p.add_argument("--repetitions", type=int, default=5, help="speed: runs after the warm-up (default 5)")
+    p.add_argument("--threads", type=int, default=2, help="speed: BLAS and llama.cpp threads (default 2)")
+    p.add_argument("--no-compare", action="store_true", help="speed: skip llama.cpp even if installed")
     p.add_argument("--requests", type=int, default=32, help="number of requests (default 32)")
     p.add_argument("--max-num-seqs", type=int, default=16, help="requests running at once (default 16)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random workload")

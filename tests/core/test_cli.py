@@ -70,3 +70,15 @@ def test_load_default_model(model_path, monkeypatch):
     model = llmrs.load()
     assert model.path == model_path
     assert model.config.n_params == model.stored_params() == 134_515_008
+
+
+def test_bench_speed_reports_pp_and_tg(tmp_path, capsys):
+    path = tmp_path / "tiny.gguf"
+    write_tiny_llama(path)
+    assert main(["bench", "speed", "--model", str(path), "--pp", "16", "--tg", "4", "--repetitions", "2",
+                 "--no-compare", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    for kind in ("pp", "tg"):
+        s = result["llmrs"][kind]
+        assert s["runs"] == 2 and s["min"] <= s["tokens_per_s"] <= s["max"]
+    assert result["llama_cpp"] is None and "ratio" not in result
