@@ -51,11 +51,15 @@ def blas_threads(threads: int | None):
     return threadpool_limits(limits=threads)
 
 
+def random_ids(rng: np.random.Generator, vocab_size: int, n: int) -> list[int]:
+    """``n`` random token ids, away from the special tokens at the start of most vocabularies."""
+    margin = min(100, vocab_size // 4)
+    return rng.integers(margin, vocab_size - margin, n).tolist()
+
+
 def ours(model, pp: int, tg: int, repetitions: int, seed: int = 0) -> dict:
     net = model.network
-    rng = np.random.default_rng(seed)
-    vocab = net.config.vocab_size
-    prompt = rng.integers(100, vocab - 100, pp).tolist()
+    prompt = random_ids(np.random.default_rng(seed), net.config.vocab_size, pp)
 
     def run_pp() -> None:
         net.forward(prompt, net.new_cache(pp), last_only=True)
@@ -77,8 +81,7 @@ def llama_cpp(path: str, pp: int, tg: int, repetitions: int, threads: int, seed:
         return None
     llm = Llama(model_path=str(path), n_ctx=max(pp, tg + 16) + 8, n_batch=max(pp, 32), n_threads=threads,
                 verbose=False)
-    rng = np.random.default_rng(seed)
-    prompt = rng.integers(100, 40000, pp).tolist()
+    prompt = random_ids(np.random.default_rng(seed), llm.n_vocab(), pp)
 
     def run_pp() -> None:
         llm.reset()
