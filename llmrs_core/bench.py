@@ -25,8 +25,10 @@ from contextlib import nullcontext
 import numpy as np
 
 
-def _timed(fn: Callable[[], None], repetitions: int) -> list[float]:
-    fn()  # warm-up
+def timings(fn: Callable[[], None], repetitions: int, warm_up: bool = True) -> list[float]:
+    """Seconds taken by each of ``repetitions`` calls of ``fn`` (after one untimed call)."""
+    if warm_up:
+        fn()
     times = []
     for _ in range(repetitions):
         start = time.perf_counter()
@@ -70,7 +72,7 @@ def ours(model, pp: int, tg: int, repetitions: int, seed: int = 0) -> dict:
         for _ in range(tg):
             logits = net.forward([int(np.argmax(logits))], cache, last_only=True)[0]
 
-    return {"pp": _summary(pp, _timed(run_pp, repetitions)), "tg": _summary(tg, _timed(run_tg, repetitions))}
+    return {"pp": _summary(pp, timings(run_pp, repetitions)), "tg": _summary(tg, timings(run_tg, repetitions))}
 
 
 def llama_cpp(path: str, pp: int, tg: int, repetitions: int, threads: int, seed: int = 0) -> dict | None:
@@ -93,7 +95,7 @@ def llama_cpp(path: str, pp: int, tg: int, repetitions: int, threads: int, seed:
         for _ in range(tg):
             llm.eval([int(np.argmax(llm.scores[llm.n_tokens - 1]))])
 
-    return {"pp": _summary(pp, _timed(run_pp, repetitions)), "tg": _summary(tg, _timed(run_tg, repetitions))}
+    return {"pp": _summary(pp, timings(run_pp, repetitions)), "tg": _summary(tg, timings(run_tg, repetitions))}
 
 
 def speed(model, pp: int = 512, tg: int = 128, repetitions: int = 5, threads: int = 2,

@@ -109,13 +109,7 @@ class Model:
         block_size = 16
         needed = sum(-(-(len(ids) + max_tokens) // block_size) for ids in encoded)
         engine = Engine(self.network, self.tokenizer, num_blocks=min(max(needed, 1), 4096), block_size=block_size)
-        rids = [
-            engine.add_request(ids, max_tokens, params, stop, stop_token_ids=self._end_of_turn_ids())
-            for ids in encoded
-        ]
-        for _ in engine.run():
-            pass
-        return [engine.completion(rid) for rid in rids]
+        return engine.generate(encoded, max_tokens, params, stop, stop_token_ids=self._end_of_turn_ids())
 
     def chat(self, messages: Sequence[Mapping[str, Any]], **kwargs: Any) -> Completion:
         """Render ``messages`` with the model's chat template and generate the assistant's reply."""

@@ -15,6 +15,7 @@ import time
 
 import numpy as np
 
+from ..bench import random_ids
 from .engine import Engine
 
 
@@ -61,7 +62,7 @@ def run_workload(
 def single_decode_tokens_per_s(net, n_prompt: int = 64, n_out: int = 64, seed: int = 0) -> float:
     """Decode speed of one sequence alone (contiguous cache), tokens/s after the first."""
     rng = np.random.default_rng(seed)
-    ids = rng.integers(100, net.config.vocab_size - 100, n_prompt).tolist()
+    ids = random_ids(rng, net.config.vocab_size, n_prompt)
     cache = net.new_cache(n_prompt + n_out + 1)
     logits = net.forward(ids, cache, last_only=True)[0]
     start = time.perf_counter()
@@ -80,7 +81,7 @@ def batched_decode_tokens_per_s(net, batch: int = 16, n_prompt: int = 64, n_step
     seqs = [cache.sequence(i) for i in range(batch)]
     last = []
     for seq in seqs:
-        ids = rng.integers(100, net.config.vocab_size - 100, n_prompt).tolist()
+        ids = random_ids(rng, net.config.vocab_size, n_prompt)
         last.append(int(np.argmax(net.forward(ids, seq, last_only=True)[0])))
     start = time.perf_counter()
     for _ in range(n_steps):
@@ -95,7 +96,7 @@ def throughput(model, n_requests: int = 32, seed: int = 0, max_prompt: int = 128
     net, tok = model.network, model.tokenizer
     rng = np.random.default_rng(seed)
     vocab = net.config.vocab_size
-    prompts = [rng.integers(100, vocab - 100, int(rng.integers(16, max_prompt + 1))).tolist() for _ in range(n_requests)]
+    prompts = [random_ids(rng, vocab, int(rng.integers(16, max_prompt + 1))) for _ in range(n_requests)]
     outs = [int(rng.integers(16, max_output + 1)) for _ in range(n_requests)]
     result = {"workload": {"n_requests": n_requests, "seed": seed, "prompt_tokens": [16, max_prompt],
                            "output_tokens": [16, max_output], "max_num_seqs": max_num_seqs}}

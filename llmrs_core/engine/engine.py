@@ -210,10 +210,10 @@ class Engine:
 
     def generate(
         self, prompts: Sequence[str | Sequence[int]], max_tokens: int = 128,
-        sampling: SamplingParams | None = None, stop: Sequence[str] = (),
+        sampling: SamplingParams | None = None, stop: Sequence[str] = (), stop_token_ids: Sequence[int] = (),
     ) -> list[Completion]:
         """Run ``prompts`` together to completion; one Completion per prompt, in order."""
-        ids = [self.add_request(p, max_tokens, sampling, stop) for p in prompts]
+        ids = [self.add_request(p, max_tokens, sampling, stop, stop_token_ids) for p in prompts]
         for _ in self.run():
             pass
         return [self.completion(i) for i in ids]

@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import time
 
 SAMPLE = (
     "The quick brown fox jumps over the lazy dog. Tokenizers turn text into numbers; "
@@ -23,17 +22,10 @@ SAMPLE = (
 )
 
 
-def measure(fn, repeats: int) -> list[float]:
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return times
-
 
 def run(repeats: int = 7, copies: int = 50) -> dict:
     import llmrs_core as llmrs
+    from llmrs_core.bench import timings
     from llmrs_core.tokenizer.reference import reference_tokenizer
 
     model = llmrs.load()
@@ -52,12 +44,12 @@ def run(repeats: int = 7, copies: int = 50) -> dict:
 
     result = {
         "text_tokens": n_tokens,
-        "ours_tok_s": n_tokens / statistics.median(measure(lambda: ours.encode(text), repeats)),
-        "reference_tok_s": n_tokens / statistics.median(measure(lambda: ref.encode(text), repeats)),
+        "ours_tok_s": n_tokens / statistics.median(timings(lambda: ours.encode(text), repeats)),
+        "reference_tok_s": n_tokens / statistics.median(timings(lambda: ref.encode(text), repeats)),
         "short_prompt_tokens": n_short,
-        "ours_short_cold_ms": 1e3 * statistics.median(measure(short_cold, repeats * 20)),
-        "ours_short_warm_ms": 1e3 * statistics.median(measure(lambda: ours.encode(short), repeats * 20)),
-        "reference_short_ms": 1e3 * statistics.median(measure(lambda: ref.encode(short), repeats * 20)),
+        "ours_short_cold_ms": 1e3 * statistics.median(timings(short_cold, repeats * 20)),
+        "ours_short_warm_ms": 1e3 * statistics.median(timings(lambda: ours.encode(short), repeats * 20)),
+        "reference_short_ms": 1e3 * statistics.median(timings(lambda: ref.encode(short), repeats * 20)),
         "repeats": repeats,
     }
     return result
