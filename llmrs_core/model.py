@@ -60,22 +60,23 @@ class LlamaModel:
         self._check_tensors(gguf)
         b = backend
         self.token_embd = b.load_matrix(gguf, "token_embd.weight")
-        self.layers = [
-            LayerWeights(
-                attn_norm=b.load_vector(gguf, f"blk.{i}.attn_norm.weight"),
-                wq=b.load_matrix(gguf, f"blk.{i}.attn_q.weight"),
-                wk=b.load_matrix(gguf, f"blk.{i}.attn_k.weight"),
-                wv=b.load_matrix(gguf, f"blk.{i}.attn_v.weight"),
-                wo=b.load_matrix(gguf, f"blk.{i}.attn_output.weight"),
-                ffn_norm=b.load_vector(gguf, f"blk.{i}.ffn_norm.weight"),
-                w_gate=b.load_matrix(gguf, f"blk.{i}.ffn_gate.weight"),
-                w_up=b.load_matrix(gguf, f"blk.{i}.ffn_up.weight"),
-                w_down=b.load_matrix(gguf, f"blk.{i}.ffn_down.weight"),
-            )
-            for i in range(config.n_layers)
-        ]
+        self.layers = [self._load_layer(gguf, i) for i in range(config.n_layers)]
         self.output_norm = b.load_vector(gguf, "output_norm.weight")
         self.output = self.token_embd if config.tie_embeddings else b.load_matrix(gguf, "output.weight")
+
+    def _load_layer(self, gguf: GGUFFile, i: int) -> LayerWeights:
+        b, p = self.backend, f"blk.{i}."
+        # Q/K/V and gate/up multiply the same input: loaded together, a backend may fuse them
+        wq, wk, wv = b.load_matrices(gguf, [p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"])
+        w_gate, w_up = b.load_matrices(gguf, [p + "ffn_gate.weight", p + "ffn_up.weight"])
+        return LayerWeights(
+            attn_norm=b.load_vector(gguf, p + "attn_norm.weight"),
+            wq=wq, wk=wk, wv=wv,
+            wo=b.load_matrix(gguf, p + "attn_output.weight"),
+            ffn_norm=b.load_vector(gguf, p + "ffn_norm.weight"),
+            w_gate=w_gate, w_up=w_up,
+            w_down=b.load_matrix(gguf, p + "ffn_down.weight"),
+        )
 
     def _check_tensors(self, gguf: GGUFFile) -> None:
         """Every tensor the forward pass reads exists with the shape the config implies."""
@@ -162,10 +163,11 @@ class LlamaModel:
         for i, layer in enumerate(self.layers):
             h = b.rms_norm(x, layer.attn_norm, c.rms_norm_eps)
             # RoPE for every token of every sequence in one call: positions are per token
-            q_all = b.rope(b.matmul(h, layer.wq).reshape(n, c.n_heads, c.head_dim), all_positions, c.rope_theta)
-            k_all = b.matmul(h, layer.wk).reshape(n, c.n_kv_heads, c.head_dim)
+            q_all, k_all, v_all = b.matmul_many(h, [layer.wq, layer.wk, layer.wv])
+            q_all = b.rope(q_all.reshape(n, c.n_heads, c.head_dim), all_positions, c.rope_theta)
+            k_all = k_all.reshape(n, c.n_kv_heads, c.head_dim)
             k_rot = b.rope(k_all, all_positions, c.rope_theta) if not all(rerotate) else k_all
-            v_all = b.matmul(h, layer.wv).reshape(n, c.n_kv_heads, c.head_dim)
+            v_all = v_all.reshape(n, c.n_kv_heads, c.head_dim)
             outs = []
             for j, (cache, t) in enumerate(zip(caches, sizes)):
                 lo, hi = bounds[j], bounds[j + 1]
@@ -179,7 +181,8 @@ class LlamaModel:
                 outs.append(b.attention(q, keys, values).reshape(t, c.n_heads * c.head_dim))
             x = x + b.matmul(np.concatenate(outs) if len(outs) > 1 else outs[0], layer.wo)
             h = b.rms_norm(x, layer.ffn_norm, c.rms_norm_eps)
-            x = x + b.matmul(b.swiglu(b.matmul(h, layer.w_gate), b.matmul(h, layer.w_up)), layer.w_down)
+            gate, up = b.matmul_many(h, [layer.w_gate, layer.w_up])
+            x = x + b.matmul(b.swiglu(gate, up), layer.w_down)
         for cache, t in zip(caches, sizes):
             cache.advance(t)
         if last_only:

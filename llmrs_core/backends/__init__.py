@@ -2,20 +2,24 @@
 
 The model code (``llmrs_core.model``) is written once against
 :class:`~llmrs_core.backends.base.Backend`. ``numpy`` is the readable
-reference; ``learner`` runs the learner's own exercise code where it exists;
-Numba (chapter 8) and CuPy (chapter 9) come later.
+reference; ``numba`` (chapter 8) the fast CPU path; ``learner`` runs the
+learner's own exercise code where it exists; CuPy (chapter 9) comes later.
 """
 
 from .base import Backend
 from .numpy_backend import NumpyBackend
 
-BACKENDS = ("numpy", "learner")
+BACKENDS = ("numba", "numpy", "learner")
 
 
 def get_backend(name: str) -> Backend:
     """A backend by name; ``ValueError`` listing the names for an unknown one."""
     if name == "numpy":
         return NumpyBackend()
+    if name == "numba":
+        from .numba_backend import NumbaBackend
+
+        return NumbaBackend()
     if name == "learner":
         from .learner import LearnerBackend
 

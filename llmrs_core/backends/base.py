@@ -28,6 +28,18 @@ class Backend(ABC):
     def load_matrix(self, gguf: GGUFFile, name: str) -> Any:
         """Prepare weight matrix ``name`` ``[out, in]`` for :meth:`matmul` and :meth:`embed`."""
 
+    def load_matrices(self, gguf: GGUFFile, names: list[str]) -> list[Any]:
+        """Several matrices that always multiply the same input (Q, K and V; gate and up).
+
+        A backend may store them as one matrix so that :meth:`matmul_many`
+        makes one pass (one kernel launch) instead of several.
+        """
+        return [self.load_matrix(gguf, name) for name in names]
+
+    def matmul_many(self, x: np.ndarray, ws: list[Any]) -> list[np.ndarray]:
+        """``[x @ W.T for W in ws]`` for matrices loaded together by :meth:`load_matrices`."""
+        return [self.matmul(x, w) for w in ws]
+
     #: "interleaved" (GGUF, llama.cpp) or "half" (Hugging Face layout): which dimensions RoPE pairs
     rope_layout: str = "interleaved"
 

@@ -1,0 +1,160 @@
+"""Weight matrices repacked for the Numba kernels (chapter 8, section 8.2).
+
+A GGUF Q4_1 row stores, per block of 32 weights, ``d`` and ``m`` (fp16) next
+to 16 bytes of nibbles. That is compact but awkward for SIMD: a vector
+register wants the *same* operation on 8-16 neighbouring values, and the
+scales sit in the way. The kernels instead read a layout made for them:
+
+* **rows interleaved** in groups of :data:`LANES` (32): byte ``j`` of block
+  ``b`` of all 32 rows of a group lies side by side, so one vector load
+  brings one code for each of 32 output rows, and each lane of the vector
+  accumulates a different row — no horizontal sums, no shuffles;
+* **scales separated**, as float32 ``[groups, blocks, LANES]``, converted
+  from fp16 once at load instead of on every product.
+
+Every 4-bit type with one scale and one offset per 32 weights fits one form,
+``w = d * q + m`` with ``q`` in 0..15: Q4_1 directly, Q4_0 with
+``m = -8 d``, and Q4_K with each 32-weight sub-block's ``d * sc`` and
+``-dmin * m``. Q8_0 has its own form (``w = d * q``, ``q`` int8). Anything
+else (F32, F16, Q6_K ...) is kept as a float32 matrix and multiplied by BLAS.
+
+Rows are padded with zero weights to a multiple of :data:`LANES`; the
+kernels compute the padding rows and the callers slice them away.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ...formats.ggml_types import GGMLType
+from ...quant.dequant import _blocks, _nibbles, _scale
+from ...quant.kquants import q4_k_affine
+
+#: output rows per interleaved group: two AVX-512 (or four AVX2) float32 registers
+LANES = 32
+#: weights per block, the same for every type the kernels read
+BLOCK = 32
+
+
+@dataclass
+class PackedMatrix:
+    """A weight matrix ``[rows, cols]`` in the layout one kernel family reads.
+
+    ``kind`` is ``"q4"`` (``qs`` uint8 ``[G, nb, 16, LANES]``: byte ``j`` holds
+    the codes of weights ``j`` (low nibble) and ``j + 16`` (high nibble) of each
+    block), ``"q8"`` (``qs`` int8 ``[G, nb, 32, LANES]``) or ``"f32"`` (``qs``
+    is the float32 matrix itself). ``d`` and ``m`` are float32
+    ``[G, nb, LANES]`` (``m`` is empty for ``q8`` and ``f32``).
+    """
+
+    kind: str
+    rows: int
+    cols: int
+    qs: np.ndarray
+    d: np.ndarray
+    m: np.ndarray
+    source: str
+    #: for a part of a fused matrix (see :func:`fuse`): the whole, and this part's first group
+    fused: PackedMatrix | None = None
+    first_group: int = 0
+
+    @property
+    def nbytes(self) -> int:
+        return self.qs.nbytes + self.d.nbytes + self.m.nbytes
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (self.rows, self.cols)
+
+
+def _interleave(a: np.ndarray, rows: int) -> np.ndarray:
+    """``[rows, nb, ...]`` -> ``[G, nb, ..., LANES]``, padding rows with zeros."""
+    groups = -(-rows // LANES)
+    padded = np.zeros((groups * LANES, *a.shape[1:]), dtype=a.dtype)
+    padded[:rows] = a
+    padded = padded.reshape(groups, LANES, *a.shape[1:])
+    return np.ascontiguousarray(np.moveaxis(padded, 1, -1))
+
+
+def pack_affine_q4(codes: np.ndarray, d: np.ndarray, m: np.ndarray, source: str) -> PackedMatrix:
+    """Pack ``w = d * codes + m``: codes uint8 ``[rows, cols]`` in 0..15, ``d``, ``m`` ``[rows, cols / 32]``."""
+    rows, cols = codes.shape
+    nb = cols // BLOCK
+    c = codes.reshape(rows, nb, 2, 16).astype(np.uint8)
+    packed = c[:, :, 0, :] | (c[:, :, 1, :] << 4)  # [rows, nb, 16]: GGUF's own nibble order
+    return PackedMatrix(
+        "q4", rows, cols, _interleave(packed, rows),
+        _interleave(d.astype(np.float32).reshape(rows, nb), rows),
+        _interleave(m.astype(np.float32).reshape(rows, nb), rows), source,
+    )
+
+
+def pack_q8(codes: np.ndarray, d: np.ndarray, source: str) -> PackedMatrix:
+    """Pack ``w = d * codes``: codes int8 ``[rows, cols]``, ``d`` ``[rows, cols / 32]``."""
+    rows, cols = codes.shape
+    nb = cols // BLOCK
+    return PackedMatrix(
+        "q8", rows, cols, _interleave(codes.reshape(rows, nb, BLOCK).astype(np.int8), rows),
+        _interleave(d.astype(np.float32).reshape(rows, nb), rows), np.zeros(0, np.float32), source,
+    )
+
+
+def pack_float(w: np.ndarray, source: str) -> PackedMatrix:
+    """Keep a float matrix as float32 ``[rows, cols]`` (multiplied by BLAS)."""
+    w = np.ascontiguousarray(w, dtype=np.float32)
+    empty = np.zeros(0, np.float32)
+    return PackedMatrix("f32", w.shape[0], w.shape[1], w, empty, empty, source)
+
+
+def pack_raw(raw: np.ndarray, ggml_type: GGMLType, shape: tuple[int, int]) -> PackedMatrix | None:
+    """Pack the GGUF bytes of a ``[rows, cols]`` matrix, or None for a type without a kernel."""
+    rows, cols = shape
+    ggml_type = GGMLType(ggml_type)
+    if ggml_type in (GGMLType.Q4_0, GGMLType.Q4_1):
+        b = _blocks(raw, ggml_type)  # [rows * nb, 18 or 20]
+        d = _scale(b, 0)[:, 0]
+        m = _scale(b, 2)[:, 0] if ggml_type == GGMLType.Q4_1 else np.float32(-8) * d
+        codes = _nibbles(b[:, 4:] if ggml_type == GGMLType.Q4_1 else b[:, 2:])
+        return pack_affine_q4(codes.reshape(rows, cols), d.reshape(rows, -1), m.reshape(rows, -1), ggml_type.name)
+    if ggml_type == GGMLType.Q4_K:
+        codes, d, m = q4_k_affine(raw)  # [n_sub, 32], [n_sub], [n_sub]
+        return pack_affine_q4(codes.reshape(rows, cols), d.reshape(rows, -1), m.reshape(rows, -1), ggml_type.name)
+    if ggml_type == GGMLType.Q8_0:
+        b = _blocks(raw, ggml_type)
+        codes = b[:, 2:].view(np.int8)
+        return pack_q8(codes.reshape(rows, cols), _scale(b, 0).reshape(rows, -1), ggml_type.name)
+    return None
+
+
+def fuse(parts: list[PackedMatrix]) -> list[PackedMatrix] | None:
+    """Stack matrices that multiply the same input (Q, K, V) into one; returns views of the parts.
+
+    Each returned part reads its rows of the fused matrix and remembers it
+    (``fused``, ``first_group``), so one kernel call can compute all parts.
+    None when they cannot be stacked (different kinds or widths, or a part
+    whose rows are not a whole number of groups).
+    """
+    kinds = {p.kind for p in parts}
+    if len(kinds) != 1 or kinds <= {"f32"} or len({p.cols for p in parts}) != 1:
+        return None
+    if any(p.rows % LANES for p in parts):
+        return None
+    whole = PackedMatrix(
+        parts[0].kind, sum(p.rows for p in parts), parts[0].cols,
+        np.concatenate([p.qs for p in parts]), np.concatenate([p.d for p in parts]),
+        np.concatenate([p.m for p in parts]) if parts[0].kind == "q4" else parts[0].m,
+        "+".join(p.source for p in parts),
+    )
+    views, g0 = [], 0
+    for p in parts:
+        g1 = g0 + p.rows // LANES
+        m = whole.m[g0:g1] if p.kind == "q4" else whole.m
+        views.append(PackedMatrix(p.kind, p.rows, p.cols, whole.qs[g0:g1], whole.d[g0:g1], m, p.source,
+                                  fused=whole, first_group=g0))
+        g0 = g1
+    return views
+
+
+__all__ = ["BLOCK", "LANES", "PackedMatrix", "fuse", "pack_affine_q4", "pack_float", "pack_q8", "pack_raw"]

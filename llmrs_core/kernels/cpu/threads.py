@@ -1,0 +1,93 @@
+"""Threads for the CPU kernels: Numba's pool, BLAS's pool, and keeping them apart (chapter 8, 8.3).
+
+Two thread pools live in one process: Numba's (``prange``; its *threading
+layer* is TBB, OpenMP or Numba's own workqueue) and the BLAS library's
+(OpenBLAS, used by ``x @ W.T``). Both keep their threads spinning for a
+while after a call, hoping for more work. With both pools at full size on a
+2-core machine they steal each other's cores, and a 40 µs kernel can take
+800 µs. The rule used here: Numba gets ``threads``, BLAS gets ``threads``
+too but only for the big prompt-processing products; everything else keeps
+BLAS single-threaded.
+"""
+
+from __future__ import annotations
+
+import os
+from contextlib import contextmanager
+
+import numba
+
+
+def max_threads() -> int:
+    """The most threads Numba may use in this process (``NUMBA_NUM_THREADS``, default: all cores)."""
+    return int(numba.config.NUMBA_NUM_THREADS)
+
+
+def set_threads(threads: int | None) -> int:
+    """Use ``threads`` Numba threads (None: all available); returns the number in effect.
+
+    ``ValueError`` names the limit when more are asked than ``NUMBA_NUM_THREADS`` allows.
+    """
+    limit = max_threads()
+    if threads is None:
+        threads = limit
+    if not 1 <= threads <= limit:
+        raise ValueError(
+            f"threads must be between 1 and {limit} (NUMBA_NUM_THREADS={limit} in this process), got {threads}"
+        )
+    numba.set_num_threads(threads)
+    return threads
+
+
+def threading_layer() -> str:
+    """The Numba threading layer in use ("omp", "tbb" or "workqueue"), starting the pool if needed."""
+    from .matmul import block_sums  # noqa: F401  (any compiled function; the pool starts on a parallel call)
+    from .ops import attention
+    import numpy as np
+
+    attention(np.zeros((1, 1, 2), np.float32), np.zeros((1, 1, 2), np.float32), np.zeros((1, 1, 2), np.float32))
+    return numba.threading_layer()
+
+
+class BlasThreads:
+    """Set the BLAS thread count cheaply and often (threadpoolctl, without its per-call scan)."""
+
+    def __init__(self):
+        try:
+            from threadpoolctl import ThreadpoolController
+        except ImportError:  # pragma: no cover - threadpoolctl is a dependency
+            self._libs = []
+        else:
+            self._libs = [c for c in ThreadpoolController().lib_controllers if c.user_api == "blas"]
+        self.current = None
+
+    def set(self, threads: int) -> None:
+        if threads != self.current:
+            for lib in self._libs:
+                lib.set_num_threads(threads)
+            self.current = threads
+
+    def describe(self) -> str:
+        if not self._libs:
+            return "BLAS: not controllable (threadpoolctl found no BLAS library)"
+        return ", ".join(f"{lib.internal_api} {lib.version or ''}".strip() for lib in self._libs)
+
+    @contextmanager
+    def limited(self, threads: int):
+        before = self._libs[0].get_num_threads() if self._libs else None
+        self.set(threads)
+        try:
+            yield
+        finally:
+            if before is not None:
+                self.set(before)
+
+
+def describe(threads: int) -> str:
+    """One line: Numba threads and layer, BLAS library, for reports and the benchmark."""
+    return (f"numba {numba.__version__}: {threads} threads, layer {threading_layer()}"
+            f" (NUMBA_NUM_THREADS={max_threads()}, NUMBA_THREADING_LAYER="
+            f"{os.environ.get('NUMBA_THREADING_LAYER', 'default')}); {BlasThreads().describe()}")
+
+
+__all__ = ["BlasThreads", "describe", "max_threads", "set_threads", "threading_layer"]
