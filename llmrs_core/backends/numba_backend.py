@@ -20,7 +20,6 @@ from typing import TYPE_CHECKING
 import numpy as np
 from numba import njit, prange
 
-from .. import attention as reference_attention
 from .. import layers
 from ..kernels.cpu import matmul as kmatmul
 from ..kernels.cpu import ops
@@ -32,10 +31,6 @@ from .base import Backend
 
 if TYPE_CHECKING:
     from ..formats.gguf import GGUFFile
-
-#: up to this many queries, attention runs in the Numba kernel; longer prompts use NumPy's batched BLAS
-ATTENTION_KERNEL_MAX_QUERIES = 16
-
 
 @njit(parallel=True, cache=True)
 def _embed_q8(qs, d, ids, out):
@@ -55,6 +50,10 @@ def _embed_q4(qs, d, m, ids, out):
                 byte = qs[g, b, j, lane]
                 out[i, 32 * b + j] = d[g, b, lane] * np.float32(byte & 15) + m[g, b, lane]
                 out[i, 32 * b + 16 + j] = d[g, b, lane] * np.float32(byte >> 4) + m[g, b, lane]
+
+
+#: up to this many queries attention runs in the Numba kernel; more go through BLAS (``ops.attention_prefill``)
+ATTENTION_KERNEL_MAX_QUERIES = 16
 
 
 class NumbaBackend(Backend):
@@ -129,7 +128,7 @@ class NumbaBackend(Backend):
             return ops.attention(q, k, v)
         self.blas.set(self.threads)
         try:
-            return reference_attention.scaled_dot_product_attention(q, k, v, causal=True)
+            return ops.attention_prefill(q, k, v)
         finally:
             self.blas.set(1)
 
@@ -137,4 +136,4 @@ class NumbaBackend(Backend):
         return f"numba ({describe(self.threads)})"
 
 
-__all__ = ["ATTENTION_KERNEL_MAX_QUERIES", "LANES", "NumbaBackend"]
+__all__ = ["ATTENTION_KERNEL_MAX_QUERIES", "NumbaBackend"]
