@@ -98,35 +98,71 @@ def llama_cpp(path: str, pp: int, tg: int, repetitions: int, threads: int, seed:
     return {"pp": _summary(pp, timings(run_pp, repetitions)), "tg": _summary(tg, timings(run_tg, repetitions))}
 
 
-def speed(model, pp: int = 512, tg: int = 128, repetitions: int = 5, threads: int = 2,
-          compare: bool = True) -> dict:
-    """pp/tg of our backend and, if available, of llama.cpp, with the ratios."""
-    with blas_threads(threads):
-        result = {
-            "model": model.name, "backend": model.backend, "threads": threads,
-            "pp_tokens": pp, "tg_tokens": tg, "repetitions": repetitions,
-            "llmrs": ours(model, pp, tg, repetitions),
-        }
-    reference = llama_cpp(model.path, pp, tg, repetitions, threads) if compare else None
+def machine() -> dict:
+    """What the numbers were measured on: CPU model, cores, and the libraries that do the work."""
+    import os
+    import platform
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            names = [line.split(":", 1)[1].strip() for line in f if line.startswith("model name")]
+        cpu = names[0] if names else cpu
+    except OSError:
+        pass
+    return {"cpu": cpu, "cores": os.cpu_count(), "numpy": np.__version__}
+
+
+def speed(path=None, backends: tuple[str, ...] = ("numba",), pp: int = 512, tg: int = 128,
+          repetitions: int = 5, threads: int = 2, compare: bool = True) -> dict:
+    """pp/tg of each of our ``backends`` and, if available, of llama.cpp, on one model, in one run.
+
+    Every engine uses ``threads`` threads: Numba's pool for the numba backend,
+    BLAS's for the rest, llama.cpp's own. Returns ``{"model", "threads",
+    "pp_tokens", "tg_tokens", "repetitions", "machine", "backends": {name:
+    {"pp": {...}, "tg": {...}, "describe": str}}, "llama_cpp": {...} or None,
+    "ratio": {name: {"pp", "tg"}}}`` where each measurement is
+    ``{"tokens_per_s" (median), "min", "max", "runs"}`` and ``ratio`` is ours
+    over llama.cpp's (present when llama.cpp ran).
+    """
+    from .loader import load
+
+    result: dict = {"model": None, "threads": threads, "pp_tokens": pp, "tg_tokens": tg,
+                    "repetitions": repetitions, "machine": machine(), "backends": {}}
+    model_path = None
+    for name in backends:
+        model = load(path, backend=name, threads=threads if name == "numba" else None)
+        result["model"], model_path = model.name, model.path
+        with blas_threads(threads):
+            measured = ours(model, pp, tg, repetitions)
+        measured["describe"] = model.backend_report().splitlines()[0]
+        result["backends"][name] = measured
+        del model
+    reference = llama_cpp(model_path, pp, tg, repetitions, threads) if compare and model_path else None
     result["llama_cpp"] = reference
+    result["llama_cpp_note"] = ("measured" if reference else "skipped (--no-compare)" if not compare
+                                else "not installed (pip install llama-cpp-python to compare)")
     if reference:
         result["ratio"] = {
-            k: result["llmrs"][k]["tokens_per_s"] / reference[k]["tokens_per_s"] for k in ("pp", "tg")
+            name: {k: m[k]["tokens_per_s"] / reference[k]["tokens_per_s"] for k in ("pp", "tg")}
+            for name, m in result["backends"].items()
         }
     return result
 
 
 def format_speed(r: dict) -> str:
-    lines = [f"{r['model']}: backend {r['backend']}, {r['threads']} threads, "
-             f"median of {r['repetitions']} runs after a warm-up (min-max)"]
-    rows = [("llmrs", r["llmrs"]), ("llama.cpp", r["llama_cpp"])]
+    lines = [f"{r['model']}: {r['threads']} threads, median of {r['repetitions']} runs after a warm-up (min-max)",
+             f"  machine: {r['machine']['cpu']}, {r['machine']['cores']} cores"]
+    rows = [*r["backends"].items(), ("llama.cpp", r["llama_cpp"])]
     for name, m in rows:
         if m is None:
-            lines.append(f"  {name:<10} not installed (pip install llama-cpp-python to compare)")
+            lines.append(f"  {name:<10} {r.get('llama_cpp_note', 'not measured')}")
             continue
         for k, n in (("pp", r["pp_tokens"]), ("tg", r["tg_tokens"])):
             s = m[k]
             lines.append(f"  {name:<10} {k}{n:<5} {s['tokens_per_s']:9.1f} tokens/s  ({s['min']:.1f}-{s['max']:.1f})")
-    if "ratio" in r:
-        lines.append(f"  ratio llmrs / llama.cpp: pp {r['ratio']['pp']:.2f}x, tg {r['ratio']['tg']:.2f}x")
+    for name, ratio in r.get("ratio", {}).items():
+        lines.append(f"  ratio {name} / llama.cpp: pp {ratio['pp']:.2f}x, tg {ratio['tg']:.2f}x")
+    for name, m in r["backends"].items():
+        lines.append(f"  {name}: {m['describe']}")
     return "\n".join(lines)

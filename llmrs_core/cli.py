@@ -7,7 +7,7 @@
     llmrs chat                                        chapter 4
     llmrs quantize IN OUT --type q8_0|q4_0|q4_1|q4_k|q6_k  chapter 6
     llmrs bench throughput [--requests N] [--json]    chapter 7
-    llmrs bench speed [--pp 512 --tg 128 --threads 2]  appendix A (ratio to llama.cpp if installed)
+    llmrs bench speed [--backend numba,numpy --threads 2]  chapter 8 / appendix A (vs llama.cpp if installed)
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import os
 import sys
 
 from . import __version__
-from .backends import BACKENDS
+from .backends import BACKENDS, DEFAULT_BACKEND
 from .config import ConfigError
 from .fetch import FetchError, default_model_path, fetch_model, verify_model
 from .formats.gguf import GGUFError
@@ -131,12 +131,12 @@ def _write(text: str) -> None:
 def _backend_of(args: argparse.Namespace) -> str:
     if args.impl is not None:
         return "learner" if args.impl == "learner" else "numpy"
-    return args.backend
+    return args.backend or DEFAULT_BACKEND
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
     args.backend = _backend_of(args)
-    model = load(args.model, backend=args.backend)
+    model = load(args.model, backend=args.backend, threads=args.threads)
     if args.backend == "learner":
         print(model.backend_report(), file=sys.stderr)
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
@@ -158,7 +158,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 def cmd_chat(args: argparse.Namespace) -> int:
     args.backend = _backend_of(args)
-    model = load(args.model, backend=args.backend)
+    model = load(args.model, backend=args.backend, threads=args.threads)
     if args.backend == "learner":
         print(model.backend_report(), file=sys.stderr)
     messages = [{"role": "system", "content": args.system}] if args.system else []
@@ -189,17 +189,38 @@ def cmd_quantize(args: argparse.Namespace) -> int:
     return 0
 
 
+def _backends(text: str | None) -> tuple[str, ...]:
+    names = tuple(n.strip() for n in (text or DEFAULT_BACKEND).split(",") if n.strip())
+    unknown = [n for n in names if n not in BACKENDS]
+    if unknown or not names:
+        raise ValueError(f"unknown backend {', '.join(unknown) or text!r}; available: {', '.join(BACKENDS)}")
+    return names
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
-    model = load(args.model, backend=args.backend)
+    if args.threads is not None and args.threads < 1:
+        raise ValueError(f"--threads must be at least 1, got {args.threads}")
     if args.what == "speed":
         from .bench import format_speed, speed
 
-        result = speed(model, pp=args.pp, tg=args.tg, repetitions=args.repetitions, threads=args.threads,
-                       compare=not args.no_compare)
+        for name, n in (("--pp", args.pp), ("--tg", args.tg), ("--repetitions", args.repetitions)):
+            if n < 1:
+                raise ValueError(f"{name} must be at least 1, got {n}")
+        result = speed(args.model, backends=_backends(args.backend), pp=args.pp, tg=args.tg,
+                       repetitions=args.repetitions, threads=args.threads or 2, compare=not args.no_compare)
         print(json.dumps(result, indent=2) if args.json else format_speed(result))
+        if args.output:
+            with open(args.output, "w") as f:
+                json.dump(result, f, indent=2)
+                f.write("\n")
+            print(f"wrote {args.output}", file=sys.stderr)
         return 0
     from .engine.bench import format_throughput, throughput
 
+    backends = _backends(args.backend)
+    if len(backends) != 1:
+        raise ValueError("bench throughput measures one backend; give --backend one name")
+    model = load(args.model, backend=backends[0], threads=args.threads)
     result = throughput(model, n_requests=args.requests, seed=args.seed, max_num_seqs=args.max_num_seqs)
     print(json.dumps(result, indent=2) if args.json else format_throughput(result))
     return 0
@@ -207,8 +228,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 def _add_sampling_options(p: argparse.ArgumentParser, max_tokens: int) -> None:
     p.add_argument("--model", help="a GGUF file (default: SmolLM2)")
-    p.add_argument("--backend", default="numpy", choices=BACKENDS,
-                   help="numpy (reference) or learner (your exercise code where it exists)")
+    p.add_argument("--backend", choices=BACKENDS,
+                   help=f"{DEFAULT_BACKEND} (default), numpy (the reference) or learner (your exercise code)")
+    p.add_argument("--threads", type=int, help="numba backend: threads (default: all cores)")
     p.add_argument("--impl", choices=("learner", "solutions"),
                    help="learner = --backend learner; solutions = --backend numpy")
     p.add_argument("--max-tokens", type=int, default=max_tokens, help=f"tokens to generate (default {max_tokens})")
@@ -275,16 +297,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("what", choices=("speed", "throughput"), help="what to measure")
     p.add_argument("--model", help="a GGUF file (default: SmolLM2)")
-    p.add_argument("--backend", default="numpy", choices=BACKENDS, help="compute backend (default numpy)")
+    p.add_argument("--backend", metavar="NAMES",
+                   help=f"compute backend(s), comma-separated for speed (default {DEFAULT_BACKEND}; "
+                        f"available: {', '.join(BACKENDS)})")
     p.add_argument("--pp", type=int, default=512, help="speed: prompt tokens (default 512)")
     p.add_argument("--tg", type=int, default=128, help="speed: generated tokens (default 128)")
     p.add_argument("--repetitions", type=int, default=5, help="speed: runs after the warm-up (default 5)")
-    p.add_argument("--threads", type=int, default=2, help="speed: BLAS and llama.cpp threads (default 2)")
+    p.add_argument("--threads", type=int, help="threads for every engine: Numba, BLAS, llama.cpp (speed default 2)")
     p.add_argument("--no-compare", action="store_true", help="speed: skip llama.cpp even if installed")
     p.add_argument("--requests", type=int, default=32, help="number of requests (default 32)")
     p.add_argument("--max-num-seqs", type=int, default=16, help="requests running at once (default 16)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random workload")
     p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--output", metavar="FILE", help="speed: also write the JSON result to FILE")
     p.set_defaults(func=cmd_bench)
     return parser
 

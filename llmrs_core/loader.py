@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from .backends import BACKENDS, get_backend
+from .backends import BACKENDS, DEFAULT_BACKEND, get_backend
 from .config import ModelConfig
 from .fetch import default_model_path, fetch_model
 from .formats.gguf import GGUFFile, read_gguf
@@ -36,16 +36,17 @@ class Model:
         path: the GGUF file.
         gguf: the parsed file (metadata, tensor infos, memory-mapped data).
         config: the architecture, from the GGUF metadata.
-        backend: name of the compute backend: ``"numpy"`` (the reference) or
-            ``"learner"`` (your exercise code where it exists; chapters 3-4).
+        backend: name of the compute backend: ``"numba"`` (the default, chapter 8),
+            ``"numpy"`` (the readable reference, chapter 4) or ``"learner"`` (your
+            exercise code where it exists; chapters 3-4).
     """
 
-    def __init__(self, gguf: GGUFFile | HFWeights, backend: str = "numpy"):
+    def __init__(self, gguf: GGUFFile | HFWeights, backend: str | None = None, threads: int | None = None):
         self.gguf = gguf  # the weight source: a GGUF file, or a Hugging Face directory (chapter 10)
         self.path = gguf.path
         self.config = gguf.config if isinstance(gguf, HFWeights) else ModelConfig.from_gguf(gguf)
-        self.backend = backend
-        self._backend = get_backend(backend)
+        self.backend = DEFAULT_BACKEND if backend is None else backend
+        self._backend = get_backend(self.backend, threads)
 
     @functools.cached_property
     def network(self) -> LlamaModel:
@@ -184,14 +185,19 @@ class Model:
         return f"Model({self.name!r}, {self.config.n_params:,} params, backend={self.backend!r})"
 
 
-def load(path: str | os.PathLike[str] | None = None, backend: str = "numpy") -> Model:
+def load(path: str | os.PathLike[str] | None = None, backend: str | None = None,
+         threads: int | None = None) -> Model:
     """Load a model: SmolLM2-135M-Instruct by default (fetched if missing), a GGUF file,
     or a Hugging Face directory (``config.json`` + ``model.safetensors``, chapter 10).
+
+    ``backend``: ``"numba"`` (default: quantised weights, fused kernels),
+    ``"numpy"`` (the float32 reference the early chapters read) or
+    ``"learner"``; ``threads``: the Numba backend's threads (default: all).
 
     Raises ``FileNotFoundError`` for a missing path, ``GGUFError`` (a ``ValueError``)
     for a malformed file and ``ValueError`` for an unknown backend.
     """
-    if backend not in BACKENDS:
+    if backend is not None and backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; available: {', '.join(BACKENDS)}")
     if path is None:
         path = default_model_path()
@@ -199,5 +205,5 @@ def load(path: str | os.PathLike[str] | None = None, backend: str = "numpy") -> 
             path = fetch_model()
     path = Path(path)
     if path.is_dir():
-        return Model(HFWeights(path), backend=backend)
-    return Model(read_gguf(path), backend=backend)
+        return Model(HFWeights(path), backend=backend, threads=threads)
+    return Model(read_gguf(path), backend=backend, threads=threads)

@@ -85,16 +85,29 @@ def write_tiny_llama(
     tie_embeddings: bool = True,
     seed: int = 0,
     drop_keys: tuple[str, ...] = (),
+    weight_type: str | None = None,
     **overrides: Any,
 ) -> dict[str, Any]:
     """Write a tiny random Llama GGUF to ``path``; return the hyper-parameters used.
 
     ``overrides`` change entries of :data:`TINY_LLAMA`; ``drop_keys`` leaves
-    metadata keys out (to test errors for missing keys).
+    metadata keys out (to test errors for missing keys); ``weight_type``
+    (``"q4_1"``, ``"q8_0"`` ...) stores the weight matrices in that ggml
+    format, as SmolLM2's file does (norms stay float32).
     """
     params = {**TINY_LLAMA, **overrides}
     metadata = {k: v for k, v in tiny_llama_metadata(**params).items() if k not in drop_keys}
     tensors = tiny_llama_tensors(**params, tie_embeddings=tie_embeddings, seed=seed)
+    if weight_type is not None:
+        from .formats.ggml_types import type_by_name
+        from .formats.gguf import TensorToWrite
+        from .quant.ggml_blocks import quantize
+
+        t = type_by_name(weight_type)
+        tensors = {
+            name: TensorToWrite(a.shape, t, quantize(a, t).tobytes()) if a.ndim == 2 else a
+            for name, a in tensors.items()
+        }
     write_gguf(path, metadata, tensors)
     return {**params, "tie_embeddings": tie_embeddings}
 

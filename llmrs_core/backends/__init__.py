@@ -10,16 +10,28 @@ from .base import Backend
 from .numpy_backend import NumpyBackend
 
 BACKENDS = ("numba", "numpy", "learner")
+#: what ``llmrs.load()`` and the CLI use unless told otherwise: the fast CPU path (chapter 8)
+DEFAULT_BACKEND = "numba"
 
 
-def get_backend(name: str) -> Backend:
-    """A backend by name; ``ValueError`` listing the names for an unknown one."""
+def get_backend(name: str | None = None, threads: int | None = None) -> Backend:
+    """A backend by name (None: :data:`DEFAULT_BACKEND`); ``ValueError`` listing the names for an unknown one.
+
+    ``threads`` sets the Numba backend's thread count (default: every core
+    Numba may use). The NumPy backends multiply with BLAS, whose threads are
+    set by ``OPENBLAS_NUM_THREADS`` or ``threadpoolctl``.
+    """
+    name = DEFAULT_BACKEND if name is None else name
     if name == "numpy":
         return NumpyBackend()
     if name == "numba":
-        from .numba_backend import NumbaBackend
-
-        return NumbaBackend()
+        try:
+            from .numba_backend import NumbaBackend
+        except ImportError as e:  # pragma: no cover - numba is a dependency
+            raise ValueError(
+                f"the numba backend needs Numba ({e}); `pip install numba`, or use backend='numpy'"
+            ) from None
+        return NumbaBackend(threads)
     if name == "learner":
         from .learner import LearnerBackend
 
@@ -27,4 +39,4 @@ def get_backend(name: str) -> Backend:
     raise ValueError(f"unknown backend {name!r}; available: {', '.join(BACKENDS)}")
 
 
-__all__ = ["BACKENDS", "Backend", "NumpyBackend", "get_backend"]
+__all__ = ["BACKENDS", "DEFAULT_BACKEND", "Backend", "NumpyBackend", "get_backend"]

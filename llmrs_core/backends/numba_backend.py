@@ -23,7 +23,7 @@ from numba import njit, prange
 from .. import layers
 from ..kernels.cpu import matmul as kmatmul
 from ..kernels.cpu import ops
-from ..kernels.cpu.packing import LANES, PackedMatrix, fuse, pack_float, pack_raw
+from ..kernels.cpu.packing import PackedMatrix, fuse, pack_float, pack_raw
 from ..kernels.cpu.threads import BlasThreads, describe, set_threads
 from ..quant import load_float32
 from ..rope import rope_frequencies

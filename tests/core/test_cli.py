@@ -54,7 +54,7 @@ def test_load_front_door(tmp_path):
     path = tmp_path / "tiny.gguf"
     write_tiny_llama(path, n_layers=3)
     model = llmrs.load(path)
-    assert model.config.n_layers == 3 and model.backend == "numpy"
+    assert model.config.n_layers == 3 and model.backend == "numba"  # the default since chapter 8
     assert "params" in repr(model)
     with pytest.raises(ValueError, match="unknown backend 'cuda'"):
         llmrs.load(path, backend="cuda")
@@ -74,11 +74,31 @@ def test_load_default_model(model_path, monkeypatch):
 
 def test_bench_speed_reports_pp_and_tg(tmp_path, capsys):
     path = tmp_path / "tiny.gguf"
-    write_tiny_llama(path)
+    write_tiny_llama(path, weight_type="q4_1", hidden_size=64, intermediate_size=128)
+    out = tmp_path / "bench.json"
     assert main(["bench", "speed", "--model", str(path), "--pp", "16", "--tg", "4", "--repetitions", "2",
-                 "--no-compare", "--json"]) == 0
+                 "--backend", "numba,numpy", "--threads", "1", "--no-compare", "--json", "--output", str(out)]) == 0
     result = json.loads(capsys.readouterr().out)
-    for kind in ("pp", "tg"):
-        s = result["llmrs"][kind]
-        assert s["runs"] == 2 and s["min"] <= s["tokens_per_s"] <= s["max"]
+    assert result == json.loads(out.read_text())
+    assert list(result["backends"]) == ["numba", "numpy"] and result["threads"] == 1
+    for backend in ("numba", "numpy"):
+        for kind in ("pp", "tg"):
+            s = result["backends"][backend][kind]
+            assert s["runs"] == 2 and s["min"] <= s["tokens_per_s"] <= s["max"]
+    assert "1 threads" in result["backends"]["numba"]["describe"]
     assert result["llama_cpp"] is None and "ratio" not in result
+    assert result["llama_cpp_note"].startswith("skipped")
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--threads", "0"], "--threads must be at least 1"),
+    (["--pp", "0"], "--pp must be at least 1"),
+    (["--backend", "numba,cuda"], "unknown backend 'cuda'"),
+])
+def test_bench_speed_refuses_impossible_settings(tmp_path, capsys, args, message):
+    path = tmp_path / "tiny.gguf"
+    write_tiny_llama(path)
+    assert main(["bench", "speed", "--model", str(path), "--no-compare", *args]) != 0
+    assert message in capsys.readouterr().err
+
+

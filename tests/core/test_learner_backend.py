@@ -82,7 +82,7 @@ def test_untouched_stubs_fall_back_to_the_reference(tmp_path):
     (tmp_path / "solutions").mkdir()
     path = tmp_path / "tiny.gguf"
     write_tiny_llama(path)
-    reference = llmrs.load(path)
+    reference = llmrs.load(path, backend="numpy")
     backend = LearnerBackend(root=tmp_path)
     assert all(part.source == "reference" for part in backend.parts.values())
     net = LlamaModel(reference.gguf, reference.config, backend)

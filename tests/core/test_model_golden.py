@@ -26,9 +26,10 @@ PROMPTS = [str(p) for p in HF["prompts"]]
 N_GREEDY = 32
 
 
-@pytest.fixture(scope="module")
-def model(model_path):
-    return llmrs.load(model_path)
+@pytest.fixture(scope="module", params=["numba", "numpy"])
+def model(model_path, request):
+    """SmolLM2 on each CPU backend: both must meet the references."""
+    return llmrs.load(model_path, backend=request.param)
 
 
 def log_softmax(x: np.ndarray) -> np.ndarray:
@@ -95,3 +96,14 @@ def test_chat_answer(model):
     completion = model.chat([{"role": "user", "content": "What is the capital of France?"}], max_tokens=32)
     assert "Paris" in completion.text
     assert completion.finish_reason == "stop", "the reply should end with <|im_end|>"
+
+
+def test_numba_greedy_equals_numpy_for_32_tokens(model_path):
+    """The fast backend changes the order of float sums, not the model: same 32 greedy tokens."""
+    ids = HF["ids_0"].tolist()
+    fast, _ = greedy(llmrs.load(model_path, backend="numba"), ids, 32)
+    reference, _ = greedy(llmrs.load(model_path, backend="numpy"), ids, 32)
+    assert fast == reference, (
+        f"numba: {llmrs.load(model_path).tokenizer.decode(fast)!r}\n"
+        f"numpy: {llmrs.load(model_path).tokenizer.decode(reference)!r}"
+    )

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ...formats.ggml_types import GGMLType
+from ...formats.ggml_types import GGMLType, type_traits
 from ...quant.dequant import _blocks, _nibbles, _scale
 from ...quant.kquants import q4_k_affine
 
@@ -112,6 +112,16 @@ def pack_raw(raw: np.ndarray, ggml_type: GGMLType, shape: tuple[int, int]) -> Pa
     """Pack the GGUF bytes of a ``[rows, cols]`` matrix, or None for a type without a kernel."""
     rows, cols = shape
     ggml_type = GGMLType(ggml_type)
+    if ggml_type not in (GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q4_K, GGMLType.Q8_0):
+        return None
+    traits = type_traits(ggml_type)
+    if cols % traits.block_size:
+        raise ValueError(f"a {ggml_type.name} row holds whole blocks of {traits.block_size}; got {cols} columns")
+    want = rows * cols // traits.block_size * traits.type_size
+    if raw.size != want:
+        raise ValueError(
+            f"a [{rows}, {cols}] {ggml_type.name} matrix is {want} bytes; got {raw.size} (truncated or mislabelled?)"
+        )
     if ggml_type in (GGMLType.Q4_0, GGMLType.Q4_1):
         b = _blocks(raw, ggml_type)  # [rows * nb, 18 or 20]
         d = _scale(b, 0)[:, 0]
@@ -121,11 +131,9 @@ def pack_raw(raw: np.ndarray, ggml_type: GGMLType, shape: tuple[int, int]) -> Pa
     if ggml_type == GGMLType.Q4_K:
         codes, d, m = q4_k_affine(raw)  # [n_sub, 32], [n_sub], [n_sub]
         return pack_affine_q4(codes.reshape(rows, cols), d.reshape(rows, -1), m.reshape(rows, -1), ggml_type.name)
-    if ggml_type == GGMLType.Q8_0:
-        b = _blocks(raw, ggml_type)
-        codes = b[:, 2:].view(np.int8)
-        return pack_q8(codes.reshape(rows, cols), _scale(b, 0).reshape(rows, -1), ggml_type.name)
-    return None
+    b = _blocks(raw, ggml_type)  # Q8_0
+    codes = b[:, 2:].view(np.int8)
+    return pack_q8(codes.reshape(rows, cols), _scale(b, 0).reshape(rows, -1), ggml_type.name)
 
 
 def fuse(parts: list[PackedMatrix]) -> list[PackedMatrix] | None:

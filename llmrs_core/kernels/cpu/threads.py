@@ -16,6 +16,7 @@ import os
 from contextlib import contextmanager
 
 import numba
+import numpy as np
 
 
 def max_threads() -> int:
@@ -41,11 +42,10 @@ def set_threads(threads: int | None) -> int:
 
 def threading_layer() -> str:
     """The Numba threading layer in use ("omp", "tbb" or "workqueue"), starting the pool if needed."""
-    from .matmul import block_sums  # noqa: F401  (any compiled function; the pool starts on a parallel call)
-    from .ops import attention
-    import numpy as np
+    from .ops import attention  # any parallel kernel: the pool starts on the first parallel call
 
-    attention(np.zeros((1, 1, 2), np.float32), np.zeros((1, 1, 2), np.float32), np.zeros((1, 1, 2), np.float32))
+    tiny = np.zeros((1, 1, 2), np.float32)
+    attention(tiny, tiny, tiny)
     return numba.threading_layer()
 
 

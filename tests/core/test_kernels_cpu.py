@@ -1,0 +1,229 @@
+"""The Numba CPU kernels and backend (chapter 8) against the NumPy reference.
+
+Float paths must agree to a normalised error (max |ours - reference| / max
+|reference|) of 1e-6: the kernels change the order of float sums, nothing
+else. The model-level checks run a tiny quantised model written here; the
+real SmolLM2 checks are in test_model_golden.py (both backends) .
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import llmrs_core as llmrs
+from llmrs_core import attention as reference_attention
+from llmrs_core import layers, rope
+from llmrs_core.formats.ggml_types import GGMLType
+from llmrs_core.kernels.cpu import matmul as km
+from llmrs_core.kernels.cpu import ops
+from llmrs_core.kernels.cpu.inspect import assembly, instruction_mix, vector_summary
+from llmrs_core.kernels.cpu.packing import LANES, fuse, pack_float, pack_raw
+from llmrs_core.kernels.cpu.threads import BlasThreads, max_threads, set_threads, threading_layer
+from llmrs_core.quant.dequant import dequantize
+from llmrs_core.quant.ggml_blocks import quantize
+from llmrs_core.testing import write_tiny_llama
+
+TYPES = ["Q4_0", "Q4_1", "Q8_0", "Q4_K"]
+
+
+def normalised_error(got: np.ndarray, want: np.ndarray) -> float:
+    return float(np.abs(got - want).max() / max(np.abs(want).max(), 1e-30))
+
+
+def packed_random(ggml_type: str, rows: int, cols: int, seed: int = 0):
+    """A random ``[rows, cols]`` matrix stored as ``ggml_type``: (packed, its float32 values)."""
+    rng = np.random.default_rng(seed)
+    w = rng.standard_normal((rows, cols)).astype(np.float32)
+    t = GGMLType[ggml_type]
+    raw = quantize(w, t)
+    return pack_raw(raw, t, (rows, cols)), dequantize(raw, t, (rows, cols))
+
+
+@pytest.mark.parametrize("ggml_type", TYPES)
+@pytest.mark.parametrize("rows", [64, 40])  # 40: not a whole number of 32-row groups
+def test_packing_keeps_every_weight(ggml_type, rows):
+    cols = 512 if ggml_type == "Q4_K" else 96
+    w, want = packed_random(ggml_type, rows, cols)
+    assert w.kind == ("q8" if ggml_type == "Q8_0" else "q4") and w.shape == (rows, cols)
+    assert w.qs.shape[0] * LANES >= rows
+    got = km.dequantize_rows(w, 0, rows)
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6 * np.abs(want).max())
+
+
+@pytest.mark.parametrize("ggml_type", TYPES)
+@pytest.mark.parametrize("t_count", [1, 3, km.SMALL_BATCH, km.SMALL_BATCH + 1, 40])
+def test_matmul_matches_the_dequantised_product(ggml_type, t_count):
+    """Every path — matvec (T=1), small batch, dequantise + BLAS — against x @ W.T in float32."""
+    cols = 256 if ggml_type == "Q4_K" else 96
+    w, dense = packed_random(ggml_type, 72, cols, seed=t_count)
+    x = np.random.default_rng(1).standard_normal((t_count, cols)).astype(np.float32)
+    got = km.matmul(x, w)
+    want = (x.astype(np.float64) @ dense.T.astype(np.float64)).astype(np.float32)
+    assert got.shape == (t_count, 72) and got.dtype == np.float32
+    assert normalised_error(got, want) <= 1e-6
+
+
+def test_matmul_bands_and_scratch(monkeypatch):
+    """Prompt processing in several bands of rows, with and without a reused scratch buffer."""
+    monkeypatch.setattr(km, "BAND_ROWS", 64)
+    w, dense = packed_random("Q4_1", 200, 64)
+    x = np.random.default_rng(2).standard_normal((20, 64)).astype(np.float32)
+    want = x @ dense.T
+    assert normalised_error(km.matmul(x, w), want) <= 1e-6
+    scratch = np.full((64, 64), np.nan, np.float32)
+    assert normalised_error(km.matmul(x, w, scratch), want) <= 1e-6
+
+
+def test_matmul_rejects_a_mismatched_input():
+    w, _ = packed_random("Q4_1", 32, 64)
+    with pytest.raises(ValueError, match=r"x has shape \(2, 63\), the weight expects \[T, 64\]"):
+        km.matmul(np.zeros((2, 63), np.float32), w)
+
+
+def test_packing_a_truncated_tensor_names_the_problem():
+    raw = quantize(np.ones((4, 64), np.float32), GGMLType.Q4_1)
+    with pytest.raises(ValueError, match=r"a \[4, 64\] Q4_1 matrix is 160 bytes; got 157"):
+        pack_raw(raw.reshape(-1)[:-3], GGMLType.Q4_1, (4, 64))
+
+
+def test_types_without_a_kernel_are_not_packed():
+    assert pack_raw(np.zeros(64 * 4, np.uint8), GGMLType.F32, (4, 16)) is None
+
+
+def test_fused_matrices_give_the_same_products():
+    a, da = packed_random("Q4_1", 64, 64, seed=1)
+    b, db = packed_random("Q4_1", 32, 64, seed=2)
+    parts = fuse([a, b])
+    assert parts is not None and parts[0].fused is parts[1].fused and parts[0].fused.rows == 96
+    x = np.random.default_rng(3).standard_normal((1, 64)).astype(np.float32)
+    whole = km.matmul(x, parts[0].fused)
+    np.testing.assert_array_equal(whole[:, :64], km.matmul(x, parts[0]))
+    assert normalised_error(whole[:, 64:], x @ db.T) <= 1e-6
+    # parts that cannot share a kernel stay apart
+    assert fuse([a, packed_random("Q8_0", 32, 64)[0]]) is None
+    assert fuse([packed_random("Q4_1", 40, 64)[0], b]) is None
+    assert fuse([pack_float(np.ones((32, 64)), "F32"), pack_float(np.ones((32, 64)), "F32")]) is None
+
+
+def test_rms_norm_and_rope_match_the_reference():
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((5, 48)).astype(np.float32)
+    w = rng.standard_normal(48).astype(np.float32)
+    assert normalised_error(ops.rms_norm(x, w, np.float32(1e-5)), layers.rms_norm(x, w, 1e-5)) <= 1e-6
+    q = rng.standard_normal((5, 3, 16)).astype(np.float32)
+    pos = np.array([0, 1, 7, 300, 4096])
+    cos, sin = ops.rope_tables(pos, rope.rope_frequencies(16, 1e5))
+    assert normalised_error(ops.rope(q, cos, sin, True), rope.apply_rope_interleaved(q, pos, 1e5)) <= 1e-6
+    assert normalised_error(ops.rope(q, cos, sin, False), rope.apply_rope_half(q, pos, 1e5)) <= 1e-6
+
+
+@pytest.mark.parametrize("tq,tk", [(1, 1), (1, 37), (5, 5), (16, 40), (40, 40), (130, 200)])
+def test_attention_kernels_match_the_reference(tq, tk):
+    rng = np.random.default_rng(tq * 1000 + tk)
+    q = rng.standard_normal((tq, 6, 16)).astype(np.float32)
+    # keys and values as the contiguous cache hands them over: [Hkv, T, D] seen as [T, Hkv, D]
+    k = rng.standard_normal((2, tk, 16)).astype(np.float32).transpose(1, 0, 2)
+    v = rng.standard_normal((2, tk, 16)).astype(np.float32).transpose(1, 0, 2)
+    want = reference_attention.scaled_dot_product_attention(q, k, v, causal=True)
+    assert normalised_error(ops.attention(q, k, v), want) <= 1e-6
+    for chunk in (128, 7):
+        assert normalised_error(ops.attention_prefill(q, k, v, chunk=chunk), want) <= 1e-6
+
+
+def test_threads_are_checked_and_reported():
+    with pytest.raises(ValueError, match="threads must be between 1 and"):
+        set_threads(max_threads() + 1)
+    with pytest.raises(ValueError, match="threads must be between 1 and"):
+        set_threads(0)
+    assert set_threads(None) == max_threads()
+    assert threading_layer() in ("omp", "tbb", "workqueue")
+    blas = BlasThreads()
+    with blas.limited(1):
+        assert blas.current == 1
+    assert "BLAS" in blas.describe() or blas.describe()
+
+
+def test_results_do_not_depend_on_the_thread_count():
+    w, _ = packed_random("Q4_1", 256, 128)
+    x = np.random.default_rng(5).standard_normal((1, 128)).astype(np.float32)
+    try:
+        set_threads(1)
+        one = km.matmul(x, w)
+        set_threads(max_threads())
+        many = km.matmul(x, w)
+    finally:
+        set_threads(None)
+    np.testing.assert_array_equal(one, many)  # each row is summed by one thread, in one order
+
+
+def _has_fma() -> bool:
+    try:
+        return " fma " in Path("/proc/cpuinfo").read_text().split("flags", 1)[1].split("\n", 1)[0] + " "
+    except (OSError, IndexError):
+        return False
+
+
+@pytest.mark.skipif(not _has_fma(), reason="the CPU has no FMA instructions (x86 with AVX2 needed)")
+def test_the_matvec_kernel_is_vectorised():
+    """What LLVM emits for the decode kernel: packed multiply-adds on ymm/zmm registers."""
+    w, _ = packed_random("Q4_1", 64, 64)
+    asm = assembly(km.q4_matvec, w.qs, w.d, w.m, np.zeros(64, np.float32))
+    summary = vector_summary(asm)
+    assert summary["packed_fma"] > 0, f"no packed FMA in the kernel's assembly: {summary}"
+    assert sum(instruction_mix(asm).values()) > 0
+
+
+# -- the backend on a tiny quantised model ------------------------------------
+
+
+@pytest.fixture(scope="module", params=["q4_1", "q8_0", "q4_0"])
+def tiny_quantised(request, tmp_path_factory):
+    path = tmp_path_factory.mktemp("tinyq") / f"tiny-{request.param}.gguf"
+    # sizes that fill whole 32-row groups, so Q/K/V and gate/up are fused
+    write_tiny_llama(path, weight_type=request.param, seed=3, hidden_size=64, intermediate_size=128,
+                     n_heads=4, n_kv_heads=2)
+    return path
+
+
+def test_numba_backend_matches_numpy_on_a_quantised_model(tiny_quantised):
+    ids = [1, 2, 3, 4, 5, 60, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20]
+    want = llmrs.load(tiny_quantised, backend="numpy").logits(ids)
+    model = llmrs.load(tiny_quantised, backend="numba")
+    assert model.network.layers[0].wq.fused is not None, "Q, K and V should share one kernel call"
+    assert normalised_error(model.logits(ids), want) <= 1e-5
+    # decode one token at a time, and a batch of sequences, give the same logits
+    net = model.network
+    cache = net.new_cache(len(ids))
+    steps = [net.forward(ids[:3], cache)] + [net.forward([t], cache) for t in ids[3:]]
+    assert normalised_error(np.concatenate(steps), want) <= 1e-5
+    caches = [net.new_cache(8) for _ in range(3)]
+    batch = net.forward_batch([(ids[:4], caches[0]), (ids[:1], caches[1]), (ids[5:9], caches[2])])
+    for got, seq in zip(batch, (ids[:4], ids[:1], ids[5:9])):
+        assert normalised_error(got[0], net.forward(seq)[-1]) <= 1e-5
+
+
+def test_numba_backend_on_float_weights(tmp_path):
+    """F32 files (and Hugging Face directories) go through BLAS: same answers as NumPy."""
+    path = tmp_path / "tiny.gguf"
+    write_tiny_llama(path, seed=4)
+    ids = [5, 6, 7, 8]
+    want = llmrs.load(path, backend="numpy").logits(ids)
+    assert normalised_error(llmrs.load(path, backend="numba").logits(ids), want) <= 1e-5
+
+
+def test_numba_is_the_default_and_reports_its_threads(tiny_quantised):
+    model = llmrs.load(tiny_quantised, threads=1)
+    try:
+        assert model.backend == "numba"
+        report = model.backend_report()
+        assert "1 threads" in report and "layer" in report
+    finally:
+        set_threads(None)
+
+
+def test_impossible_thread_counts_are_refused(tiny_quantised):
+    with pytest.raises(ValueError, match="threads must be between 1 and"):
+        llmrs.load(tiny_quantised, backend="numba", threads=10_000)
