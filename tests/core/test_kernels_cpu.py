@@ -227,3 +227,40 @@ def test_numba_is_the_default_and_reports_its_threads(tiny_quantised):
 def test_impossible_thread_counts_are_refused(tiny_quantised):
     with pytest.raises(ValueError, match="threads must be between 1 and"):
         llmrs.load(tiny_quantised, backend="numba", threads=10_000)
+
+
+def test_fused_decode_step_equals_the_op_by_op_path(tiny_quantised, monkeypatch):
+    """One token, one sequence: the backend runs each block in one compiled call (decode_layer)."""
+    net = llmrs.load(tiny_quantised, backend="numba").network
+    backend = net.backend
+    fused_cache, op_cache = net.new_cache(16), net.new_cache(16)
+    prompt = [3, 1, 4, 1, 5]
+    net.forward(prompt, fused_cache)
+    net.forward(prompt, op_cache)
+    x = backend.embed(net.token_embd, np.array([9]))
+    assert backend.decode_step(net, x, net.new_cache(4), 0) is not None, "the fused path should apply here"
+    fused = [net.forward([t], fused_cache)[0] for t in (9, 2, 6)]
+    monkeypatch.setattr(type(backend), "decode_step", lambda *args: None)
+    op_by_op = [net.forward([t], op_cache)[0] for t in (9, 2, 6)]
+    for a, b in zip(fused, op_by_op):  # whole-model logits: rounding adds up over the blocks
+        assert normalised_error(a, b) <= 1e-5
+    n = fused_cache.length
+    assert n == op_cache.length == 8
+    assert normalised_error(fused_cache.k[:, :, :n], op_cache.k[:, :, :n]) <= 1e-5
+    assert normalised_error(fused_cache.v[:, :, :n], op_cache.v[:, :, :n]) <= 1e-5
+
+
+def test_fused_decode_declines_what_it_cannot_run(tiny_quantised, tmp_path):
+    net = llmrs.load(tiny_quantised, backend="numba").network
+    x = net.backend.embed(net.token_embd, np.array([9]))
+    full = net.new_cache(1)
+    net.forward([1], full)
+    assert net.backend.decode_step(net, x, full, 1) is None  # no room: the op path raises CacheFullError
+    from llmrs_core.kv_cache.contiguous import ContiguousKVCache
+
+    half = ContiguousKVCache(net.config, 4, dtype=np.float16)
+    assert net.backend.decode_step(net, x, half, 0) is None
+    path = tmp_path / "f32.gguf"
+    write_tiny_llama(path, seed=4)
+    f32 = llmrs.load(path, backend="numba").network
+    assert f32.backend.decode_step(f32, f32.backend.embed(f32.token_embd, np.array([1])), f32.new_cache(2), 0) is None

@@ -97,7 +97,8 @@ def pack_q8(codes: np.ndarray, d: np.ndarray, source: str) -> PackedMatrix:
     nb = cols // BLOCK
     return PackedMatrix(
         "q8", rows, cols, _interleave(codes.reshape(rows, nb, BLOCK).astype(np.int8), rows),
-        _interleave(d.astype(np.float32).reshape(rows, nb), rows), np.zeros(0, np.float32), source,
+        # m is unused; an empty 3-D array keeps its type the same as the Q4 form's for compiled callers
+        _interleave(d.astype(np.float32).reshape(rows, nb), rows), np.zeros((0, 0, 0), np.float32), source,
     )
 
 
