@@ -108,9 +108,11 @@ nbval: fetch
 	  -q --no-header
 
 # prompt processing / generation speed, llama-bench style, with llama.cpp's in the same run
-# when llama-cpp-python is installed (`.venv/bin/pip install llama-cpp-python`: a 5-minute build)
+# when llama-cpp-python is installed (`.venv/bin/pip install llama-cpp-python`: a 5-minute build);
+# THREADS=N sets the threads of every engine (default 2); results also go to build/bench_speed.json
 bench: fetch
-	$(VENV)/bin/llmrs bench speed
+	@mkdir -p build
+	$(VENV)/bin/llmrs bench speed --backend numba,numpy --threads $(or $(THREADS),2) --output build/bench_speed.json
 
 # offline serving throughput of the continuous-batching engine (chapter 7)
 bench-throughput: fetch
