@@ -54,7 +54,7 @@ def test_packing_keeps_every_weight(ggml_type, rows):
 
 
 @pytest.mark.parametrize("ggml_type", TYPES)
-@pytest.mark.parametrize("t_count", [1, 3, km.SMALL_BATCH, km.SMALL_BATCH + 1, 40])
+@pytest.mark.parametrize("t_count", [1, 3, km.ROWS_AS_MATVECS + 1, km.SMALL_BATCH, km.SMALL_BATCH + 1, 40])
 def test_matmul_matches_the_dequantised_product(ggml_type, t_count):
     """Every path — matvec (T=1), small batch, dequantise + BLAS — against x @ W.T in float32."""
     cols = 256 if ggml_type == "Q4_K" else 96

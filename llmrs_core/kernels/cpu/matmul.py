@@ -10,7 +10,8 @@
   computed once per call and shared by every row. With the rows interleaved
   (see ``packing``), the innermost loop runs over 32 rows at once and LLVM
   turns it into vector conversions and ``vfmadd`` on whole registers.
-* **small T (a decode batch)**: :func:`q4_matmul_small` / :func:`q8_matmul_small`
+* **small T (a decode batch)**: up to :data:`ROWS_AS_MATVECS` rows, one
+  matvec each; then :func:`q4_matmul_small` / :func:`q8_matmul_small`
   unpack a block of codes once into a little float tile (in L1) and reuse it
   for all T rows of ``x``: each weight byte is still read from memory once.
 * **large T (prompt processing)**: :func:`dequantize_rows` expands a band of
@@ -32,6 +33,8 @@ from .packing import BLOCK, LANES, PackedMatrix
 
 #: up to this many rows of ``x`` go through the small-batch kernels; more go to BLAS
 SMALL_BATCH = 16
+#: up to this many rows, one matvec per row beats unpacking a tile (measured on SmolLM2's matrices)
+ROWS_AS_MATVECS = 4
 #: rows dequantised per BLAS band (bounds the float32 scratch: 4096 x cols floats)
 BAND_ROWS = 4096
 
@@ -123,9 +126,9 @@ def q8_matvec(qs, d, x):
 def q4_matmul_small(qs, d, m, x):
     """``x @ W.T -> [T, G*LANES]`` for a few rows ``x [T, cols]`` and Q4-form weights.
 
-    A block's codes are unpacked once into a float tile ``[32, LANES]`` and
-    used for every row of ``x``; the ``T`` rows accumulate side by side
-    (``j`` outer, ``t`` inner) so that their sums are independent chains.
+    A block's codes are unpacked once into a float tile ``[32, LANES]`` (in
+    L1) and used for every row of ``x``, four codes per pass as in
+    :func:`q4_matvec`: each weight byte is read from memory once per call.
     """
     groups, nb = qs.shape[0], qs.shape[1]
     lanes = qs.shape[3]
@@ -135,27 +138,32 @@ def q4_matmul_small(qs, d, m, x):
     for g in prange(groups):
         tile = np.empty((32, lanes), np.float32)
         acc = np.zeros((t_count, lanes), np.float32)
-        blk = np.empty((t_count, lanes), np.float32)
+        blk = np.empty(lanes, np.float32)
         for b in range(nb):
             for j in range(16):
                 for lane in range(lanes):
                     h = np.float32(qs[g, b, j, lane] >> 4)
                     tile[j, lane] = np.float32(qs[g, b, j, lane]) - np.float32(16) * h
                     tile[16 + j, lane] = h
-            blk[:] = 0
-            for j in range(32):
-                for t in range(t_count):
-                    xv = x[t, 32 * b + j]
-                    for lane in range(lanes):
-                        blk[t, lane] += tile[j, lane] * xv
             for t in range(t_count):
+                _tile_dot(tile, x, t, b, blk)
                 xs = xsum[t, b]
                 for lane in range(lanes):
-                    acc[t, lane] += d[g, b, lane] * blk[t, lane] + m[g, b, lane] * xs
+                    acc[t, lane] += d[g, b, lane] * blk[lane] + m[g, b, lane] * xs
         for t in range(t_count):
             for lane in range(lanes):
                 out[t, g * lanes + lane] = acc[t, lane]
     return out
+
+
+@njit(fastmath=True, cache=True, inline="always")
+def _tile_dot(tile, x, t, b, blk):
+    """``blk[lane] = sum_j tile[j, lane] * x[t, 32 b + j]``, four codes per pass."""
+    blk[:] = 0
+    for j in range(0, 32, 4):
+        x0, x1, x2, x3 = x[t, 32 * b + j], x[t, 32 * b + j + 1], x[t, 32 * b + j + 2], x[t, 32 * b + j + 3]
+        for lane in range(tile.shape[1]):
+            blk[lane] += tile[j, lane] * x0 + tile[j + 1, lane] * x1 + tile[j + 2, lane] * x2 + tile[j + 3, lane] * x3
 
 
 @njit(parallel=True, fastmath=True, cache=True)
@@ -168,20 +176,15 @@ def q8_matmul_small(qs, d, x):
     for g in prange(groups):
         tile = np.empty((32, lanes), np.float32)
         acc = np.zeros((t_count, lanes), np.float32)
-        blk = np.empty((t_count, lanes), np.float32)
+        blk = np.empty(lanes, np.float32)
         for b in range(nb):
             for j in range(32):
                 for lane in range(lanes):
                     tile[j, lane] = np.float32(qs[g, b, j, lane])
-            blk[:] = 0
-            for j in range(32):
-                for t in range(t_count):
-                    xv = x[t, 32 * b + j]
-                    for lane in range(lanes):
-                        blk[t, lane] += tile[j, lane] * xv
             for t in range(t_count):
+                _tile_dot(tile, x, t, b, blk)
                 for lane in range(lanes):
-                    acc[t, lane] += d[g, b, lane] * blk[t, lane]
+                    acc[t, lane] += d[g, b, lane] * blk[lane]
         for t in range(t_count):
             for lane in range(lanes):
                 out[t, g * lanes + lane] = acc[t, lane]
@@ -244,9 +247,12 @@ def matmul(x: np.ndarray, w: PackedMatrix, scratch: np.ndarray | None = None) ->
     t_count = x.shape[0]
     if w.kind == "f32":
         return x @ w.qs.T
-    if t_count == 1:
-        out = q4_matvec(w.qs, w.d, w.m, x[0]) if w.kind == "q4" else q8_matvec(w.qs, w.d, x[0])
-        return out[None, : w.rows]
+    if t_count <= ROWS_AS_MATVECS:
+        out = np.empty((t_count, w.rows), np.float32)
+        for t in range(t_count):
+            row = q4_matvec(w.qs, w.d, w.m, x[t]) if w.kind == "q4" else q8_matvec(w.qs, w.d, x[t])
+            out[t] = row[: w.rows]
+        return out
     if t_count <= SMALL_BATCH:
         out = q4_matmul_small(w.qs, w.d, w.m, x) if w.kind == "q4" else q8_matmul_small(w.qs, w.d, x)
         return out[:, : w.rows]
@@ -260,6 +266,6 @@ def matmul(x: np.ndarray, w: PackedMatrix, scratch: np.ndarray | None = None) ->
 
 
 __all__ = [
-    "BAND_ROWS", "BLOCK", "SMALL_BATCH", "block_sums", "dequantize_rows", "matmul",
+    "BAND_ROWS", "BLOCK", "ROWS_AS_MATVECS", "SMALL_BATCH", "block_sums", "dequantize_rows", "matmul",
     "q4_matmul_small", "q4_matvec", "q8_matmul_small", "q8_matvec",
 ]
