@@ -160,12 +160,7 @@ class LlamaModel:
         all_positions = np.concatenate(positions)
         n = int(bounds[-1])
         x = b.embed(self.token_embd, np.concatenate(all_ids))
-        fused = None
-        if n == 1 and not rerotate[0] and not hasattr(caches[0], "positions"):
-            fused = b.decode_step(self, x, caches[0], int(all_positions[0]))  # one token: a backend may fuse
-        if fused is not None:
-            x = fused
-        for i, layer in enumerate(self.layers if fused is None else ()):
+        for i, layer in enumerate(self.layers):
             h = b.rms_norm(x, layer.attn_norm, c.rms_norm_eps)
             # RoPE for every token of every sequence in one call: positions are per token
             q_all, k_all, v_all = b.matmul_many(h, [layer.wq, layer.wk, layer.wv])

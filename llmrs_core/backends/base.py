@@ -71,16 +71,6 @@ class Backend(ABC):
     def attention(self, q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
         """Causal GQA attention; queries are the last ``Tq`` of the ``Tk`` positions."""
 
-    def decode_step(self, model: Any, x: np.ndarray, cache: Any, position: int) -> np.ndarray | None:
-        """Optionally run every decoder block for one token in a fused way (chapter 8).
-
-        ``x [1, d]`` is the embedded token at ``position`` of ``cache``.
-        Return the last block's output ``[1, d]`` having written the token's K/V
-        into every layer of ``cache`` (the model then advances it), or None to
-        let the model go op by op — the default.
-        """
-        return None
-
     def sampler(self, params: SamplingParams) -> Callable[..., int]:
         """The token chooser for ``params`` (``sampler(logits, history) -> id``)."""
         return Sampler(params)

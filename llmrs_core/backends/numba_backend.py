@@ -23,10 +23,8 @@ from numba import njit, prange
 from .. import layers
 from ..kernels.cpu import matmul as kmatmul
 from ..kernels.cpu import ops
-from ..kernels.cpu.decode import decode_layer
-from ..kernels.cpu.packing import LANES, PackedMatrix, fuse, pack_float, pack_raw
+from ..kernels.cpu.packing import PackedMatrix, fuse, pack_float, pack_raw
 from ..kernels.cpu.threads import BlasThreads, describe, set_threads
-from ..kv_cache.contiguous import ContiguousKVCache
 from ..quant import load_float32
 from ..rope import rope_frequencies
 from .base import Backend
@@ -67,7 +65,6 @@ class NumbaBackend(Backend):
         self.blas.set(1)
         self._freqs: dict[tuple[int, float], np.ndarray] = {}
         self._scratch: np.ndarray | None = None
-        self._plans: dict[int, list[tuple] | bool] = {}
 
     def load_matrix(self, gguf: GGUFFile, name: str) -> PackedMatrix:
         info = gguf.tensors[name]
@@ -134,49 +131,6 @@ class NumbaBackend(Backend):
             return ops.attention_prefill(q, k, v)
         finally:
             self.blas.set(1)
-
-    def decode_step(self, model, x: np.ndarray, cache, position: int) -> np.ndarray | None:
-        """All blocks for one token through ``kernels.cpu.decode.decode_layer``: one call per layer.
-
-        Declines (None) unless the cache is a float32 contiguous cache with
-        room for the token and every layer's Q/K/V and gate/up are fused
-        packed matrices — then the model runs op by op.
-        """
-        if type(cache) is not ContiguousKVCache or cache.k.dtype != np.float32 or cache.length >= cache.max_tokens:
-            return None
-        plans = self._decode_plans(model)
-        if plans is None:
-            return None
-        c = model.config
-        key = (c.head_dim, float(c.rope_theta))
-        if key not in self._freqs:
-            self._freqs[key] = rope_frequencies(c.head_dim, c.rope_theta)
-        cos, sin = ops.rope_tables(np.array([position], dtype=np.int64), self._freqs[key])
-        interleaved = self.rope_layout == "interleaved"
-        eps = np.float32(c.rms_norm_eps)
-        h = np.ascontiguousarray(x[0], dtype=np.float32)
-        for i, (layer, args) in enumerate(zip(model.layers, plans)):
-            h = decode_layer(
-                h, layer.attn_norm, layer.ffn_norm, eps, *args, cache.k[i], cache.v[i], position, cos[0], sin[0],
-                interleaved, c.n_heads, c.n_kv_heads, c.head_dim, c.hidden_size, c.intermediate_size,
-            )
-        return h[None]
-
-    def _decode_plans(self, model) -> list[tuple] | None:
-        """Per layer, the kernel arguments of its four products (fused Q/K/V, O, fused gate/up, down)."""
-        plans = self._plans.get(id(model))
-        if plans is None:
-            plans = []
-            for layer in model.layers:
-                qkv, gu = layer.wq.fused, layer.w_gate.fused
-                mats = (qkv, layer.wo, gu, layer.w_down)
-                if qkv is None or gu is None or layer.wk.fused is not qkv or layer.w_up.fused is not gu \
-                        or any(w.kind == "f32" for w in mats) or layer.wo.rows % LANES or layer.w_down.rows % LANES:
-                    plans = False
-                    break
-                plans.append(tuple(a for w in mats for a in (w.kind == "q4", w.qs, w.d, w.m)))
-            self._plans[id(model)] = plans
-        return plans or None
 
     def describe(self) -> str:
         return f"numba ({describe(self.threads)})"
