@@ -64,7 +64,8 @@ class NumbaBackend(Backend):
         self.blas = BlasThreads()
         self.blas.set(1)
         self._freqs: dict[tuple[int, float], np.ndarray] = {}
-        self._scratch: np.ndarray | None = None
+        self._scratch = np.empty(0, np.float32)  # dequantised band for BLAS, reused across calls
+        self._blas_step = False
 
     def load_matrix(self, gguf: GGUFFile, name: str) -> PackedMatrix:
         info = gguf.tensors[name]
@@ -99,14 +100,17 @@ class NumbaBackend(Backend):
         return out
 
     def matmul(self, x: np.ndarray, w: PackedMatrix) -> np.ndarray:
-        if x.shape[0] <= kmatmul.SMALL_BATCH and w.kind != "f32":
+        # The step's size decides the mode of the whole step (see attention): the
+        # products of Q/K/V come first in every block.
+        self._blas_step = x.shape[0] > kmatmul.SMALL_BATCH
+        if not self._blas_step and w.kind != "f32":
             return kmatmul.matmul(x, w)
-        if self._scratch is None or self._scratch.shape[1] < w.cols:
-            self._scratch = np.empty((kmatmul.BAND_ROWS, max(w.cols, 1)), np.float32)
-        scratch = self._scratch[:, : w.cols] if self._scratch.shape[1] == w.cols else None
+        size = kmatmul.BAND_ROWS * w.cols
+        if self._scratch.size < size:
+            self._scratch = np.empty(size, np.float32)
         self.blas.set(self.threads)
         try:
-            return kmatmul.matmul(x, w, scratch)
+            return kmatmul.matmul(x, w, self._scratch[:size].reshape(kmatmul.BAND_ROWS, w.cols))
         finally:
             self.blas.set(1)
 
@@ -124,7 +128,12 @@ class NumbaBackend(Backend):
         return ops.rope(np.ascontiguousarray(x, dtype=np.float32), cos, sin, self.rope_layout == "interleaved")
 
     def attention(self, q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
-        if q.shape[0] <= ATTENTION_KERNEL_MAX_QUERIES:
+        # A few queries in a decode step: the Numba kernel. Long prompts — and every
+        # sequence of a step whose products went through BLAS, such as a decode token
+        # batched with another request's prefill chunk — go through BLAS too: a Numba
+        # parallel region between BLAS calls must wait for OpenBLAS's spinning threads to
+        # give up their cores (kernels.cpu.threads).
+        if q.shape[0] <= ATTENTION_KERNEL_MAX_QUERIES and not self._blas_step:
             return ops.attention(q, k, v)
         self.blas.set(self.threads)
         try:
