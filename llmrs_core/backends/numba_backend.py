@@ -52,10 +52,6 @@ def _embed_q4(qs, d, m, ids, out):
                 out[i, 32 * b + 16 + j] = d[g, b, lane] * np.float32(byte >> 4) + m[g, b, lane]
 
 
-#: up to this many queries attention runs in the Numba kernel; more go through BLAS (``ops.attention_prefill``)
-ATTENTION_KERNEL_MAX_QUERIES = 16
-
-
 class NumbaBackend(Backend):
     name = "numba"
 
@@ -128,12 +124,12 @@ class NumbaBackend(Backend):
         return ops.rope(np.ascontiguousarray(x, dtype=np.float32), cos, sin, self.rope_layout == "interleaved")
 
     def attention(self, q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
-        # A few queries in a decode step: the Numba kernel. Long prompts — and every
-        # sequence of a step whose products went through BLAS, such as a decode token
-        # batched with another request's prefill chunk — go through BLAS too: a Numba
-        # parallel region between BLAS calls must wait for OpenBLAS's spinning threads to
-        # give up their cores (kernels.cpu.threads).
-        if q.shape[0] <= ATTENTION_KERNEL_MAX_QUERIES and not self._blas_step:
+        # A step whose products ran in the Numba kernels attends in the Numba kernel.
+        # A step whose products went through BLAS (a long prompt, or decode tokens
+        # batched with another request's prefill chunk) attends through BLAS too: a
+        # Numba parallel region between BLAS calls must wait for OpenBLAS's spinning
+        # threads to give up their cores (kernels.cpu.threads).
+        if q.shape[0] <= kmatmul.SMALL_BATCH and not self._blas_step:
             return ops.attention(q, k, v)
         self.blas.set(self.threads)
         try:
@@ -145,4 +141,4 @@ class NumbaBackend(Backend):
         return f"numba ({describe(self.threads)})"
 
 
-__all__ = ["ATTENTION_KERNEL_MAX_QUERIES", "NumbaBackend"]
+__all__ = ["NumbaBackend"]

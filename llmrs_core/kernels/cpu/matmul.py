@@ -31,8 +31,10 @@ from numba import njit, prange
 
 from .packing import BLOCK, LANES, PackedMatrix
 
-#: up to this many rows of ``x`` go through the small-batch kernels; more go to BLAS
-SMALL_BATCH = 16
+#: up to this many rows of ``x`` go through the small-batch kernels; more go to BLAS.
+#: Measured on SmolLM2's layer matrices (2 threads): the kernel wins up to about 96 rows,
+#: because dequantising a matrix for BLAS costs as much as ~40 rows of products.
+SMALL_BATCH = 64
 #: up to this many rows, one matvec per row beats unpacking a tile (measured on SmolLM2's matrices)
 ROWS_AS_MATVECS = 4
 #: rows dequantised per BLAS band (bounds the float32 scratch: 4096 x cols floats)
