@@ -81,8 +81,9 @@ def llama_cpp(path: str, pp: int, tg: int, repetitions: int, threads: int, seed:
         from llama_cpp import Llama
     except ImportError:
         return None
+    # n_threads_batch too: llama-cpp-python defaults it to every core, whatever n_threads says
     llm = Llama(model_path=str(path), n_ctx=max(pp, tg + 16) + 8, n_batch=max(pp, 32), n_threads=threads,
-                verbose=False)
+                n_threads_batch=threads, verbose=False)
     prompt = random_ids(np.random.default_rng(seed), llm.n_vocab(), pp)
 
     def run_pp() -> None:
