@@ -130,7 +130,10 @@ class NumbaBackend(Backend):
         # Numba parallel region between BLAS calls must wait for OpenBLAS's spinning
         # threads to give up their cores (kernels.cpu.threads).
         if q.shape[0] <= kmatmul.SMALL_BATCH and not self._blas_step:
-            return ops.attention(q, k, v)
+            # The contiguous cache hands over transposed views ([Hkv, T, D] storage seen as
+            # [T, Hkv, D]); Numba compiles a strided array without SIMD, and a copy plus the
+            # vectorised kernel is faster than the kernel on the view (21 vs 34 µs at 150 tokens).
+            return ops.attention(np.ascontiguousarray(q), np.ascontiguousarray(k), np.ascontiguousarray(v))
         self.blas.set(self.threads)
         try:
             return ops.attention_prefill(q, k, v)
