@@ -32,9 +32,10 @@ from numba import njit, prange
 from .packing import BLOCK, LANES, PackedMatrix
 
 #: up to this many rows of ``x`` go through the small-batch kernels; more go to BLAS.
-#: Measured on SmolLM2's layer matrices (2 threads): the kernel wins up to about 96 rows,
-#: because dequantising a matrix for BLAS costs as much as ~40 rows of products.
-SMALL_BATCH = 64
+#: Measured on SmolLM2's whole forward pass (2 threads): the kernels win up to about 40
+#: rows (24 rows: 397 vs 280 tokens/s), BLAS from about 48 (64 rows: 507 vs 423), because
+#: dequantising every matrix for BLAS costs as much as a few dozen rows of products.
+SMALL_BATCH = 40
 #: up to this many rows, one matvec per row beats unpacking a tile (measured on SmolLM2's matrices)
 ROWS_AS_MATVECS = 4
 #: rows dequantised per BLAS band (bounds the float32 scratch: 4096 x cols floats)
