@@ -1,0 +1,150 @@
+"""Exercise 8.6 — SIMD Matrix Multiplication: a single-threaded Numba Q4 matvec over the
+interleaved layout, checked against the dequantised product and by reading its assembly."""
+
+from __future__ import annotations
+
+import platform
+
+import numpy as np
+import pytest
+from numba.core.errors import TypingError
+from numba.core.registry import CPUDispatcher
+
+from llmrs_core.kernels.cpu.inspect import assembly, vector_summary
+from llmrs_core.kernels.cpu.packing import LANES, pack_affine_q4, pack_q8
+
+# (rows, cols): whole groups of 32 rows, rows that leave padding, one block, a SmolLM2 shape
+SHAPES = [(32, 32), (64, 96), (100, 64), (7, 320), (1536, 576)]
+TOLERANCE = 1e-5
+
+
+def random_q4(rows: int, cols: int, seed: int):
+    """A random Q4 matrix, packed, and the same matrix dequantised in float64 ``[rows, cols]``."""
+    rng = np.random.default_rng(seed)
+    codes = rng.integers(0, 16, (rows, cols), dtype=np.uint8)
+    d = rng.uniform(0.005, 0.05, (rows, cols // 32)).astype(np.float32)
+    m = rng.uniform(-0.4, 0.0, (rows, cols // 32)).astype(np.float32)
+    dense = np.repeat(d, 32, axis=1).astype(np.float64) * codes + np.repeat(m, 32, axis=1)
+    return pack_affine_q4(codes, d, m, "random"), dense
+
+
+def normalised_error(y: np.ndarray, ref: np.ndarray) -> float:
+    return float(np.abs(y.astype(np.float64) - ref).max() / np.abs(ref).max())
+
+
+def run_kernel(kernel, *args):
+    """Call the learner's kernel; a Numba compilation error becomes one readable message."""
+    try:
+        return kernel(*args)
+    except TypingError as e:
+        first = str(e).strip().splitlines()[:6]
+        pytest.fail(
+            "Numba could not compile q4_matvec_kernel:\n    " + "\n    ".join(first)
+            + "\nTo debug it as plain Python (with print), run with NUMBA_DISABLE_JIT=1.",
+            pytrace=False,
+        )
+
+
+def kernel_args(rows: int = 64, cols: int = 96, seed: int = 0):
+    w, _ = random_q4(rows, cols, seed)
+    x = np.random.default_rng(seed + 1).standard_normal(cols).astype(np.float32)
+    return w, x
+
+
+@pytest.mark.parametrize("rows, cols", SHAPES)
+def test_ex8_6_matches_the_dequantised_product(ex, rows, cols):
+    w, dense = random_q4(rows, cols, seed=rows + cols)
+    x = np.random.default_rng(1).standard_normal(cols).astype(np.float32)
+    y = ex.q4_matvec_simd(w, x)
+    assert isinstance(y, np.ndarray) and y.shape == (rows,), (
+        f"q4_matvec_simd should return one value per row, shape ({rows},); got "
+        f"{getattr(y, 'shape', type(y).__name__)}"
+        + (" — slice away the padding rows of the last group" if getattr(y, "shape", None) == (w.qs.shape[0] * LANES,)
+           else "")
+    )
+    assert y.dtype == np.float32, f"the result should be float32, got {y.dtype}"
+    err = normalised_error(y, dense @ x.astype(np.float64))
+    assert err <= TOLERANCE, (
+        f"[{rows}, {cols}]: max |yours - x @ W.T| / max |x @ W.T| = {err:.2e} > {TOLERANCE:g}. "
+        "Per block: d * sum(q * x) + m * sum(x); the low nibble of byte j goes with x[32 b + j], "
+        "the high nibble with x[32 b + 16 + j]; row 32 g + lane is lane `lane` of group g."
+    )
+
+
+def test_ex8_6_kernel_returns_every_lane(ex):
+    w, x = kernel_args(rows=40, cols=64)
+    out = run_kernel(ex.q4_matvec_kernel, w.qs, w.d, w.m, x)
+    groups = w.qs.shape[0]
+    assert isinstance(out, np.ndarray) and out.shape == (groups * LANES,), (
+        f"q4_matvec_kernel returns one value per row of every group, padding included: "
+        f"shape ({groups * LANES},) for {groups} groups; got {getattr(out, 'shape', type(out).__name__)}"
+    )
+    assert out.dtype == np.float32, f"the kernel's output should be float32, got {out.dtype}"
+    assert np.all(out[w.rows:] == 0), "padding rows have zero codes and scales: their outputs should be 0"
+
+
+def test_ex8_6_rejects_what_the_kernel_cannot_read(ex):
+    w, x = kernel_args()
+    with pytest.raises(ValueError):
+        ex.q4_matvec_simd(w, x[:-1])  # too short: the compiled kernel would read past the end
+    with pytest.raises(ValueError):
+        ex.q4_matvec_simd(w, np.ones((1, w.cols), np.float32))
+    q8 = pack_q8(np.ones((32, 64), np.int8), np.ones((32, 2), np.float32), "q8")
+    with pytest.raises(ValueError):
+        ex.q4_matvec_simd(q8, np.ones(64, np.float32))
+
+
+def test_ex8_6_accepts_float64_and_strided_input(ex):
+    w, dense = random_q4(64, 96, seed=5)
+    x = np.random.default_rng(2).standard_normal(2 * 96)[::2]  # float64, not contiguous
+    err = normalised_error(ex.q4_matvec_simd(w, x), dense @ x)
+    assert err <= TOLERANCE, "convert x to contiguous float32 before calling the kernel"
+
+
+def test_ex8_6_kernel_is_compiled_with_fastmath(ex):
+    w, x = kernel_args()
+    run_kernel(ex.q4_matvec_kernel, w.qs, w.d, w.m, x)
+    kernel = ex.q4_matvec_kernel
+    assert isinstance(kernel, CPUDispatcher), (
+        "q4_matvec_kernel is not compiled by Numba: decorate it with @njit(fastmath=True)"
+    )
+    assert kernel.targetoptions.get("fastmath"), (
+        "q4_matvec_kernel is compiled without fastmath: LLVM may then neither reorder float sums "
+        "nor fuse a multiply and an add into one FMA. Use @njit(fastmath=True)."
+    )
+
+
+def _vector_fma_reason() -> str | None:
+    """Why the vectorisation test cannot run here, or None."""
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return f"the assembly check reads x86 instructions; this CPU is {platform.machine()}"
+    try:
+        import llvmlite.binding as llvm
+
+        features = llvm.get_host_cpu_features()
+        has = {f: features.get(f, False) for f in ("avx2", "fma")}
+    except Exception:  # pragma: no cover - llvmlite always has it on x86
+        flags = open("/proc/cpuinfo").read().split()
+        has = {f: f in flags for f in ("avx2", "fma")}
+    missing = [f for f, ok in has.items() if not ok]
+    if missing:
+        return f"this CPU lacks {', '.join(missing)}: no 8-wide FMA instruction to look for"
+    return None
+
+
+def test_ex8_6_kernel_vectorises(ex):
+    w, x = kernel_args(rows=1536, cols=576)
+    run_kernel(ex.q4_matvec_kernel, w.qs, w.d, w.m, x)  # a stub stops here, with its message
+    reason = _vector_fma_reason()
+    if reason:
+        pytest.skip(reason)
+    kernel = ex.q4_matvec_kernel
+    fastmath = bool(getattr(kernel, "targetoptions", {}).get("fastmath", False))
+    summary = vector_summary(assembly(kernel, w.qs, w.d, w.m, x, fastmath=fastmath))
+    assert summary["packed_fma"] > 0, (
+        f"q4_matvec_kernel compiled to no packed FMA (vfmadd...ps on ymm/zmm registers): {summary}. "
+        "The multiply-adds run one float at a time. Make the innermost loop run over `lane` "
+        "(32 independent rows, contiguous in memory), accumulate into a small float32 array "
+        "indexed by lane, keep the conversions in 32 bits (np.float32(byte), byte >> 4, "
+        "byte - 16 * high), and compile with fastmath=True."
+    )
