@@ -249,3 +249,22 @@ def longest_cached_prefix(stored: list[tuple[int, ...]], query: list[int], block
             n += block_size
         best = max(best, n)
     return best
+
+
+def normalised_error(got: np.ndarray, want: np.ndarray) -> float:
+    """``max |got - want| / max |want|``, in float64: how kernels are compared with a reference."""
+    got, want = np.asarray(got, dtype=np.float64), np.asarray(want, dtype=np.float64)
+    return float(np.abs(got - want).max() / max(np.abs(want).max(), 1e-30))
+
+
+def random_q4(rows: int, cols: int, seed: int = 0):
+    """A random 4-bit matrix ``w = d * q + m`` packed for the CPU kernels (chapter 8), and the same
+    matrix dequantised in float64 ``[rows, cols]``. ``cols`` is a multiple of 32."""
+    from .kernels.cpu.packing import pack_affine_q4
+
+    rng = np.random.default_rng(seed)
+    codes = rng.integers(0, 16, (rows, cols), dtype=np.uint8)
+    d = rng.uniform(0.005, 0.05, (rows, cols // 32)).astype(np.float32)
+    m = rng.uniform(-0.4, 0.0, (rows, cols // 32)).astype(np.float32)
+    dense = np.repeat(d, 32, axis=1).astype(np.float64) * codes + np.repeat(m, 32, axis=1)
+    return pack_affine_q4(codes, d, m, "random"), dense

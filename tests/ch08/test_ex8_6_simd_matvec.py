@@ -7,42 +7,15 @@ import platform
 
 import numpy as np
 import pytest
-from numba.core.errors import TypingError
 from numba.core.registry import CPUDispatcher
 
 from llmrs_core.kernels.cpu.inspect import assembly, vector_summary
-from llmrs_core.kernels.cpu.packing import LANES, pack_affine_q4, pack_q8
+from llmrs_core.kernels.cpu.packing import LANES, pack_q8
+from llmrs_core.testing import normalised_error, random_q4
 
 # (rows, cols): whole groups of 32 rows, rows that leave padding, one block, a SmolLM2 shape
 SHAPES = [(32, 32), (64, 96), (100, 64), (7, 320), (1536, 576)]
 TOLERANCE = 1e-5
-
-
-def random_q4(rows: int, cols: int, seed: int):
-    """A random Q4 matrix, packed, and the same matrix dequantised in float64 ``[rows, cols]``."""
-    rng = np.random.default_rng(seed)
-    codes = rng.integers(0, 16, (rows, cols), dtype=np.uint8)
-    d = rng.uniform(0.005, 0.05, (rows, cols // 32)).astype(np.float32)
-    m = rng.uniform(-0.4, 0.0, (rows, cols // 32)).astype(np.float32)
-    dense = np.repeat(d, 32, axis=1).astype(np.float64) * codes + np.repeat(m, 32, axis=1)
-    return pack_affine_q4(codes, d, m, "random"), dense
-
-
-def normalised_error(y: np.ndarray, ref: np.ndarray) -> float:
-    return float(np.abs(y.astype(np.float64) - ref).max() / np.abs(ref).max())
-
-
-def run_kernel(kernel, *args):
-    """Call the learner's kernel; a Numba compilation error becomes one readable message."""
-    try:
-        return kernel(*args)
-    except TypingError as e:
-        first = str(e).strip().splitlines()[:6]
-        pytest.fail(
-            "Numba could not compile q4_matvec_kernel:\n    " + "\n    ".join(first)
-            + "\nTo debug it as plain Python (with print), run with NUMBA_DISABLE_JIT=1.",
-            pytrace=False,
-        )
 
 
 def kernel_args(rows: int = 64, cols: int = 96, seed: int = 0):
@@ -71,9 +44,9 @@ def test_ex8_6_matches_the_dequantised_product(ex, rows, cols):
     )
 
 
-def test_ex8_6_kernel_returns_every_lane(ex):
+def test_ex8_6_kernel_returns_every_lane(ex, compiled):
     w, x = kernel_args(rows=40, cols=64)
-    out = run_kernel(ex.q4_matvec_kernel, w.qs, w.d, w.m, x)
+    out = compiled("q4_matvec_kernel", ex.q4_matvec_kernel, w.qs, w.d, w.m, x)
     groups = w.qs.shape[0]
     assert isinstance(out, np.ndarray) and out.shape == (groups * LANES,), (
         f"q4_matvec_kernel returns one value per row of every group, padding included: "
@@ -101,9 +74,9 @@ def test_ex8_6_accepts_float64_and_strided_input(ex):
     assert err <= TOLERANCE, "convert x to contiguous float32 before calling the kernel"
 
 
-def test_ex8_6_kernel_is_compiled_with_fastmath(ex):
+def test_ex8_6_kernel_is_compiled_with_fastmath(ex, compiled):
     w, x = kernel_args()
-    run_kernel(ex.q4_matvec_kernel, w.qs, w.d, w.m, x)
+    compiled("q4_matvec_kernel", ex.q4_matvec_kernel, w.qs, w.d, w.m, x)
     kernel = ex.q4_matvec_kernel
     assert isinstance(kernel, CPUDispatcher), (
         "q4_matvec_kernel is not compiled by Numba: decorate it with @njit(fastmath=True)"
@@ -132,9 +105,9 @@ def _vector_fma_reason() -> str | None:
     return None
 
 
-def test_ex8_6_kernel_vectorises(ex):
+def test_ex8_6_kernel_vectorises(ex, compiled):
     w, x = kernel_args(rows=1536, cols=576)
-    run_kernel(ex.q4_matvec_kernel, w.qs, w.d, w.m, x)  # a stub stops here, with its message
+    compiled("q4_matvec_kernel", ex.q4_matvec_kernel, w.qs, w.d, w.m, x)  # a stub stops here, with its message
     reason = _vector_fma_reason()
     if reason:
         pytest.skip(reason)

@@ -10,11 +10,11 @@ import numba
 import numpy as np
 import pytest
 from numba import njit
-from numba.core.errors import TypingError
 from numba.core.registry import CPUDispatcher
 
-from llmrs_core.kernels.cpu.packing import pack_affine_q4, pack_q8
+from llmrs_core.kernels.cpu.packing import pack_q8
 from llmrs_core.kernels.cpu.threads import max_threads
+from llmrs_core.testing import normalised_error, random_q4
 
 # Numba's own warning for a parallel=True function without prange; the test below says it kindly
 pytestmark = pytest.mark.filterwarnings("ignore::numba.core.errors.NumbaPerformanceWarning")
@@ -24,37 +24,11 @@ TOLERANCE = 1e-5
 TWO = min(2, max_threads())
 
 
-def random_q4(rows: int, cols: int, seed: int):
-    """A random Q4 matrix, packed, and the same matrix dequantised in float64 ``[rows, cols]``."""
-    rng = np.random.default_rng(seed)
-    codes = rng.integers(0, 16, (rows, cols), dtype=np.uint8)
-    d = rng.uniform(0.005, 0.05, (rows, cols // 32)).astype(np.float32)
-    m = rng.uniform(-0.4, 0.0, (rows, cols // 32)).astype(np.float32)
-    dense = np.repeat(d, 32, axis=1).astype(np.float64) * codes + np.repeat(m, 32, axis=1)
-    return pack_affine_q4(codes, d, m, "random"), dense
-
-
-def normalised_error(y: np.ndarray, ref: np.ndarray) -> float:
-    return float(np.abs(y.astype(np.float64) - ref).max() / np.abs(ref).max())
-
-
-def run(ex, w, x, threads):
-    try:
-        return ex.parallel_matvec(w, x, threads)
-    except TypingError as e:
-        first = str(e).strip().splitlines()[:6]
-        pytest.fail(
-            "Numba could not compile q4_matvec_parallel:\n    " + "\n    ".join(first)
-            + "\nTo debug it as plain Python (with print), run with NUMBA_DISABLE_JIT=1.",
-            pytrace=False,
-        )
-
-
 @pytest.mark.parametrize("rows, cols", SHAPES)
-def test_ex8_7_matches_the_dequantised_product(ex, rows, cols):
+def test_ex8_7_matches_the_dequantised_product(ex, rows, cols, compiled):
     w, dense = random_q4(rows, cols, seed=rows * cols)
     x = np.random.default_rng(3).standard_normal(cols).astype(np.float32)
-    y = run(ex, w, x, TWO)
+    y = compiled("q4_matvec_parallel", ex.parallel_matvec, w, x, TWO)
     assert isinstance(y, np.ndarray) and y.shape == (rows,) and y.dtype == np.float32, (
         f"parallel_matvec should return float32 of shape ({rows},); got "
         f"{getattr(y, 'dtype', type(y).__name__)} {getattr(y, 'shape', '')}"
@@ -67,12 +41,12 @@ def test_ex8_7_matches_the_dequantised_product(ex, rows, cols):
     )
 
 
-def test_ex8_7_same_result_on_one_and_two_threads(ex):
+def test_ex8_7_same_result_on_one_and_two_threads(ex, compiled):
     if max_threads() < 2:
         pytest.skip("Numba may use only 1 thread here (NUMBA_NUM_THREADS=1 or a 1-core machine)")
     w, _ = random_q4(1536, 576, seed=7)
     x = np.random.default_rng(4).standard_normal(576).astype(np.float32)
-    one, two = run(ex, w, x, 1), run(ex, w, x, 2)
+    one, two = compiled("q4_matvec_parallel", ex.parallel_matvec, w, x, 1), compiled("q4_matvec_parallel", ex.parallel_matvec, w, x, 2)
     diff = float(np.abs(one - two).max() / np.abs(one).max())
     assert diff <= 1e-6, (
         f"1 and 2 threads disagree (normalised difference {diff:.2e}). Each group of rows should "
@@ -81,21 +55,21 @@ def test_ex8_7_same_result_on_one_and_two_threads(ex):
     )
 
 
-def test_ex8_7_puts_the_thread_count_back(ex):
+def test_ex8_7_puts_the_thread_count_back(ex, compiled):
     w, _ = random_q4(64, 64, seed=8)
     x = np.ones(64, np.float32)
     before = numba.get_num_threads()
-    run(ex, w, x, 1)
+    compiled("q4_matvec_parallel", ex.parallel_matvec, w, x, 1)
     assert numba.get_num_threads() == before, (
         f"after parallel_matvec(..., threads=1) Numba runs on {numba.get_num_threads()} threads, "
         f"it ran on {before} before: put the previous number back (in a finally)"
     )
 
 
-def test_ex8_7_rejects_impossible_thread_counts_and_inputs(ex):
+def test_ex8_7_rejects_impossible_thread_counts_and_inputs(ex, compiled):
     w, _ = random_q4(64, 64, seed=9)
     x = np.ones(64, np.float32)
-    run(ex, w, x, 1)  # a stub stops here, with its message
+    compiled("q4_matvec_parallel", ex.parallel_matvec, w, x, 1)  # a stub stops here, with its message
     for threads in (0, max_threads() + 1):
         with pytest.raises(ValueError):
             ex.parallel_matvec(w, x, threads)
@@ -106,10 +80,10 @@ def test_ex8_7_rejects_impossible_thread_counts_and_inputs(ex):
         ex.parallel_matvec(q8, x, 1)
 
 
-def test_ex8_7_kernel_is_a_parallel_loop(ex):
+def test_ex8_7_kernel_is_a_parallel_loop(ex, compiled):
     w, _ = random_q4(64, 64, seed=10)
     x = np.ones(64, np.float32)
-    run(ex, w, x, 1)
+    compiled("q4_matvec_parallel", ex.parallel_matvec, w, x, 1)
     kernel = ex.q4_matvec_parallel
     assert isinstance(kernel, CPUDispatcher), (
         "q4_matvec_parallel is not compiled by Numba: decorate it with @njit(parallel=True, fastmath=True)"
@@ -132,13 +106,10 @@ def test_ex8_7_kernel_is_a_parallel_loop(ex):
     )
 
 
-def test_ex8_7_parallel_kernel_alone_covers_every_group(ex):
+def test_ex8_7_parallel_kernel_alone_covers_every_group(ex, compiled):
     w, dense = random_q4(96, 64, seed=11)
     x = np.random.default_rng(5).standard_normal(64).astype(np.float32)
-    try:
-        out = ex.q4_matvec_parallel(w.qs, w.d, w.m, x)
-    except TypingError as e:
-        pytest.fail(f"Numba could not compile q4_matvec_parallel: {str(e).splitlines()[0]}", pytrace=False)
+    out = compiled("q4_matvec_parallel", ex.q4_matvec_parallel, w.qs, w.d, w.m, x)
     assert out.shape == (w.qs.shape[0] * 32,), (
         f"q4_matvec_parallel returns one value per row of every group: ({w.qs.shape[0] * 32},), "
         f"got {out.shape}"

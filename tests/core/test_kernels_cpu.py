@@ -24,13 +24,9 @@ from llmrs_core.kernels.cpu.packing import LANES, fuse, pack_float, pack_raw
 from llmrs_core.kernels.cpu.threads import BlasThreads, max_threads, set_threads, threading_layer
 from llmrs_core.quant.dequant import dequantize
 from llmrs_core.quant.ggml_blocks import quantize
-from llmrs_core.testing import write_tiny_llama
+from llmrs_core.testing import normalised_error, write_tiny_llama
 
 TYPES = ["Q4_0", "Q4_1", "Q8_0", "Q4_K"]
-
-
-def normalised_error(got: np.ndarray, want: np.ndarray) -> float:
-    return float(np.abs(got - want).max() / max(np.abs(want).max(), 1e-30))
 
 
 def packed_random(ggml_type: str, rows: int, cols: int, seed: int = 0):

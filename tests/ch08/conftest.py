@@ -1,0 +1,25 @@
+"""Shared by chapter 8's tests: a Numba compilation error told in the learner's terms."""
+
+from __future__ import annotations
+
+import pytest
+from numba.core.errors import TypingError
+
+
+@pytest.fixture
+def compiled():
+    """``compiled(name, fn, *args)``: call ``fn``; if Numba cannot compile the learner's
+    kernel ``name``, fail with the first lines of its error and how to debug it."""
+
+    def call(name, fn, *args):
+        try:
+            return fn(*args)
+        except TypingError as e:
+            first = str(e).strip().splitlines()[:6]
+            pytest.fail(
+                f"Numba could not compile {name}:\n    " + "\n    ".join(first)
+                + "\nTo debug it as plain Python (with print), run with NUMBA_DISABLE_JIT=1.",
+                pytrace=False,
+            )
+
+    return call
