@@ -1,6 +1,6 @@
 """The Numba backend: quantised weights, fused kernels, parallel loops (chapter 8).
 
-Weights stay quantised in memory (SmolLM2: about 100 MB instead of the NumPy
+Weights stay quantised in memory (SmolLM2: about 110 MB instead of the NumPy
 backend's 540 MB of float32), repacked once at load into the layout of
 ``llmrs_core.kernels.cpu.packing``. A decode step multiplies straight from
 the 4- and 8-bit codes (``kernels.cpu.matmul``); prompt processing
@@ -10,7 +10,9 @@ operations are single-pass Numba kernels (``kernels.cpu.ops``).
 Threads: ``threads`` (default: every core Numba may use) sets Numba's pool;
 BLAS is given the same number only around the prompt-processing products
 and one thread otherwise, so the two pools do not fight over cores
-(``kernels.cpu.threads``).
+(``kernels.cpu.threads``). Creating the backend therefore sets the process's
+BLAS to one thread: NumPy products of your own in the same process run on one
+thread until you raise it (``threadpoolctl.threadpool_limits``).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from .base import Backend
 
 if TYPE_CHECKING:
     from ..formats.gguf import GGUFFile
+
 
 @njit(parallel=True, cache=True)
 def _embed_q8(qs, d, ids, out):
