@@ -37,11 +37,12 @@ if TYPE_CHECKING:
 
 @njit(parallel=True, cache=True)
 def _embed_q8(qs, d, ids, out):
+    bs = qs.shape[2]
     for i in prange(ids.shape[0]):
         g, lane = ids[i] // qs.shape[3], ids[i] % qs.shape[3]
         for b in range(qs.shape[1]):
-            for j in range(32):
-                out[i, 32 * b + j] = d[g, b, lane] * np.float32(qs[g, b, j, lane])
+            for j in range(bs):
+                out[i, bs * b + j] = d[g, b, lane] * np.float32(qs[g, b, j, lane])
 
 
 @njit(parallel=True, cache=True)

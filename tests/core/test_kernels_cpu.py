@@ -26,7 +26,8 @@ from llmrs_core.quant.dequant import dequantize
 from llmrs_core.quant.ggml_blocks import quantize
 from llmrs_core.testing import normalised_error, write_tiny_llama
 
-TYPES = ["Q4_0", "Q4_1", "Q8_0", "Q4_K"]
+TYPES = ["Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q6_K"]
+K_QUANTS = ("Q4_K", "Q6_K")  # 256-weight super-blocks
 
 
 def packed_random(ggml_type: str, rows: int, cols: int, seed: int = 0):
@@ -41,9 +42,9 @@ def packed_random(ggml_type: str, rows: int, cols: int, seed: int = 0):
 @pytest.mark.parametrize("ggml_type", TYPES)
 @pytest.mark.parametrize("rows", [64, 40])  # 40: not a whole number of 32-row groups
 def test_packing_keeps_every_weight(ggml_type, rows):
-    cols = 512 if ggml_type == "Q4_K" else 96
+    cols = 512 if ggml_type in K_QUANTS else 96
     w, want = packed_random(ggml_type, rows, cols)
-    assert w.kind == ("q8" if ggml_type == "Q8_0" else "q4") and w.shape == (rows, cols)
+    assert w.kind == ("q8" if ggml_type in ("Q8_0", "Q6_K") else "q4") and w.shape == (rows, cols)
     assert w.qs.shape[0] * LANES >= rows
     got = km.dequantize_rows(w, 0, rows)
     np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6 * np.abs(want).max())
@@ -53,7 +54,7 @@ def test_packing_keeps_every_weight(ggml_type, rows):
 @pytest.mark.parametrize("t_count", [1, 3, km.ROWS_AS_MATVECS + 1, km.SMALL_BATCH, km.SMALL_BATCH + 1, 40])
 def test_matmul_matches_the_dequantised_product(ggml_type, t_count):
     """Every path — matvec (T=1), small batch, dequantise + BLAS — against x @ W.T in float32."""
-    cols = 256 if ggml_type == "Q4_K" else 96
+    cols = 256 if ggml_type in K_QUANTS else 96
     w, dense = packed_random(ggml_type, 72, cols, seed=t_count)
     x = np.random.default_rng(1).standard_normal((t_count, cols)).astype(np.float32)
     got = km.matmul(x, w)

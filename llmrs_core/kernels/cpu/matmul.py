@@ -104,8 +104,8 @@ def q4_matvec(qs, d, m, x):
 
 @njit(parallel=True, fastmath=True, cache=True)
 def q8_matvec(qs, d, x):
-    """``W x -> [G*LANES]`` for Q8_0-form weights (``w = d q``, ``qs`` int8 ``[G, nb, 32, LANES]``)."""
-    groups, nb = qs.shape[0], qs.shape[1]
+    """``W x -> [G*LANES]`` for Q8-form weights (``w = d q``, ``qs`` int8 ``[G, nb, bs, LANES]``, ``bs`` 32 or 16)."""
+    groups, nb, bs = qs.shape[0], qs.shape[1], qs.shape[2]
     lanes = qs.shape[3]
     out = np.empty(groups * lanes, np.float32)
     for g in prange(groups):
@@ -113,8 +113,8 @@ def q8_matvec(qs, d, x):
         blk = np.empty(lanes, np.float32)
         for b in range(nb):
             blk[:] = 0
-            for j in range(0, 32, 4):  # four codes per pass, as in q4_matvec
-                x0, x1, x2, x3 = x[32 * b + j], x[32 * b + j + 1], x[32 * b + j + 2], x[32 * b + j + 3]
+            for j in range(0, bs, 4):  # four codes per pass, as in q4_matvec
+                x0, x1, x2, x3 = x[bs * b + j], x[bs * b + j + 1], x[bs * b + j + 2], x[bs * b + j + 3]
                 for lane in range(lanes):
                     blk[lane] += (np.float32(qs[g, b, j, lane]) * x0 + np.float32(qs[g, b, j + 1, lane]) * x1
                                   + np.float32(qs[g, b, j + 2, lane]) * x2 + np.float32(qs[g, b, j + 3, lane]) * x3)
@@ -161,27 +161,28 @@ def q4_matmul_small(qs, d, m, x):
 
 @njit(fastmath=True, cache=True, inline="always")
 def _tile_dot(tile, x, t, b, blk):
-    """``blk[lane] = sum_j tile[j, lane] * x[t, 32 b + j]``, four codes per pass."""
+    """``blk[lane] = sum_j tile[j, lane] * x[t, bs b + j]`` for a tile of ``bs`` codes, four per pass."""
     blk[:] = 0
-    for j in range(0, 32, 4):
-        x0, x1, x2, x3 = x[t, 32 * b + j], x[t, 32 * b + j + 1], x[t, 32 * b + j + 2], x[t, 32 * b + j + 3]
+    bs = tile.shape[0]
+    for j in range(0, bs, 4):
+        x0, x1, x2, x3 = x[t, bs * b + j], x[t, bs * b + j + 1], x[t, bs * b + j + 2], x[t, bs * b + j + 3]
         for lane in range(tile.shape[1]):
             blk[lane] += tile[j, lane] * x0 + tile[j + 1, lane] * x1 + tile[j + 2, lane] * x2 + tile[j + 3, lane] * x3
 
 
 @njit(parallel=True, fastmath=True, cache=True)
 def q8_matmul_small(qs, d, x):
-    """Q8_0-form counterpart of :func:`q4_matmul_small`."""
-    groups, nb = qs.shape[0], qs.shape[1]
+    """Q8-form counterpart of :func:`q4_matmul_small`."""
+    groups, nb, bs = qs.shape[0], qs.shape[1], qs.shape[2]
     lanes = qs.shape[3]
     t_count = x.shape[0]
     out = np.empty((t_count, groups * lanes), np.float32)
     for g in prange(groups):
-        tile = np.empty((32, lanes), np.float32)
+        tile = np.empty((bs, lanes), np.float32)
         acc = np.zeros((t_count, lanes), np.float32)
         blk = np.empty(lanes, np.float32)
         for b in range(nb):
-            for j in range(32):
+            for j in range(bs):
                 for lane in range(lanes):
                     tile[j, lane] = np.float32(qs[g, b, j, lane])
             for t in range(t_count):
@@ -213,14 +214,14 @@ def _dequantize_q4_groups(qs, d, m, g0, g1, out):
 
 @njit(fastmath=True, cache=True)
 def _dequantize_q8_groups(qs, d, g0, g1, out):
-    lanes = qs.shape[3]
+    lanes, bs = qs.shape[3], qs.shape[2]
     for g in range(g0, g1):
         for lane in range(lanes):
             r = (g - g0) * lanes + lane
             for b in range(qs.shape[1]):
                 scale = d[g, b, lane]
-                for j in range(32):
-                    out[r, 32 * b + j] = scale * np.float32(qs[g, b, j, lane])
+                for j in range(bs):
+                    out[r, bs * b + j] = scale * np.float32(qs[g, b, j, lane])
 
 
 def dequantize_rows(w: PackedMatrix, start: int, stop: int, out: np.ndarray | None = None) -> np.ndarray:

@@ -15,8 +15,10 @@ scales sit in the way. The kernels instead read a layout made for them:
 Every 4-bit type with one scale and one offset per 32 weights fits one form,
 ``w = d * q + m`` with ``q`` in 0..15: Q4_1 directly, Q4_0 with
 ``m = -8 d``, and Q4_K with each 32-weight sub-block's ``d * sc`` and
-``-dmin * m``. Q8_0 has its own form (``w = d * q``, ``q`` int8). Anything
-else (F32, F16, Q6_K ...) is kept as a float32 matrix and multiplied by BLAS.
+``-dmin * m``. The symmetric types have the other form, ``w = d * q`` with
+``q`` int8: Q8_0 with blocks of 32, Q6_K with its 16-weight sub-blocks
+(``q - 32``, scale ``d * sc``). Anything else (F32, F16, Q5_K ...) is kept as
+a float32 matrix and multiplied by BLAS.
 
 Rows are padded with zero weights to a multiple of :data:`LANES`; the
 kernels compute the padding rows and the callers slice them away.
@@ -30,11 +32,11 @@ import numpy as np
 
 from ...formats.ggml_types import GGMLType, type_traits
 from ...quant.dequant import _blocks, _nibbles, _scale
-from ...quant.kquants import q4_k_affine
+from ...quant.kquants import q4_k_affine, q6_k_symmetric
 
 #: output rows per interleaved group: two AVX-512 (or four AVX2) float32 registers
 LANES = 32
-#: weights per block, the same for every type the kernels read
+#: weights per block of the Q4 form (and of Q8_0; Q6_K's blocks are 16)
 BLOCK = 32
 
 
@@ -44,8 +46,8 @@ class PackedMatrix:
 
     ``kind`` is ``"q4"`` (``qs`` uint8 ``[G, nb, 16, LANES]``: byte ``j`` holds
     the codes of weights ``j`` (low nibble) and ``j + 16`` (high nibble) of each
-    block), ``"q8"`` (``qs`` int8 ``[G, nb, 32, LANES]``) or ``"f32"`` (``qs``
-    is the float32 matrix itself). ``d`` and ``m`` are float32
+    32-weight block), ``"q8"`` (``qs`` int8 ``[G, nb, bs, LANES]`` for blocks of
+    ``bs`` = 32 or 16 weights) or ``"f32"`` (``qs`` is the float32 matrix itself). ``d`` and ``m`` are float32
     ``[G, nb, LANES]`` (``m`` is empty for ``q8`` and ``f32``).
     """
 
@@ -91,12 +93,12 @@ def pack_affine_q4(codes: np.ndarray, d: np.ndarray, m: np.ndarray, source: str)
     )
 
 
-def pack_q8(codes: np.ndarray, d: np.ndarray, source: str) -> PackedMatrix:
-    """Pack ``w = d * codes``: codes int8 ``[rows, cols]``, ``d`` ``[rows, cols / 32]``."""
+def pack_q8(codes: np.ndarray, d: np.ndarray, source: str, block: int = BLOCK) -> PackedMatrix:
+    """Pack ``w = d * codes``: codes int8 ``[rows, cols]``, ``d`` ``[rows, cols / block]``."""
     rows, cols = codes.shape
-    nb = cols // BLOCK
+    nb = cols // block
     return PackedMatrix(
-        "q8", rows, cols, _interleave(codes.reshape(rows, nb, BLOCK).astype(np.int8), rows),
+        "q8", rows, cols, _interleave(codes.reshape(rows, nb, block).astype(np.int8), rows),
         # m is unused; an empty 3-D array keeps its type the same as the Q4 form's for compiled callers
         _interleave(d.astype(np.float32).reshape(rows, nb), rows), np.zeros((0, 0, 0), np.float32), source,
     )
@@ -113,7 +115,7 @@ def pack_raw(raw: np.ndarray, ggml_type: GGMLType, shape: tuple[int, int]) -> Pa
     """Pack the GGUF bytes of a ``[rows, cols]`` matrix, or None for a type without a kernel."""
     rows, cols = shape
     ggml_type = GGMLType(ggml_type)
-    if ggml_type not in (GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q4_K, GGMLType.Q8_0):
+    if ggml_type not in (GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q4_K, GGMLType.Q6_K, GGMLType.Q8_0):
         return None
     traits = type_traits(ggml_type)
     if cols % traits.block_size:
@@ -132,6 +134,9 @@ def pack_raw(raw: np.ndarray, ggml_type: GGMLType, shape: tuple[int, int]) -> Pa
     if ggml_type == GGMLType.Q4_K:
         codes, d, m = q4_k_affine(raw)  # [n_sub, 32], [n_sub], [n_sub]
         return pack_affine_q4(codes.reshape(rows, cols), d.reshape(rows, -1), m.reshape(rows, -1), ggml_type.name)
+    if ggml_type == GGMLType.Q6_K:
+        codes, d = q6_k_symmetric(raw)  # [n_sub, 16], [n_sub]
+        return pack_q8(codes.reshape(rows, cols), d.reshape(rows, -1), ggml_type.name, block=16)
     b = _blocks(raw, ggml_type)  # Q8_0
     codes = b[:, 2:].view(np.int8)
     return pack_q8(codes.reshape(rows, cols), _scale(b, 0).reshape(rows, -1), ggml_type.name)
@@ -146,7 +151,7 @@ def fuse(parts: list[PackedMatrix]) -> list[PackedMatrix] | None:
     whose rows are not a whole number of groups).
     """
     kinds = {p.kind for p in parts}
-    if len(kinds) != 1 or kinds <= {"f32"} or len({p.cols for p in parts}) != 1:
+    if len(kinds) != 1 or kinds <= {"f32"} or len({p.qs.shape[1:] for p in parts}) != 1:
         return None
     if any(p.rows % LANES for p in parts):
         return None
