@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import numba
 import numpy as np
 from numba import njit, prange
 
@@ -100,6 +101,10 @@ class NumbaBackend(Backend):
         return out
 
     def matmul(self, x: np.ndarray, w: PackedMatrix) -> np.ndarray:
+        # Numba's thread count belongs to the calling thread and to the process, not to
+        # this backend: put ours back if another backend or thread changed it.
+        if numba.get_num_threads() != self.threads:
+            numba.set_num_threads(self.threads)
         # The step's size decides the mode of the whole step (see attention): the
         # products of Q/K/V come first in every block.
         self._blas_step = x.shape[0] > kmatmul.SMALL_BATCH

@@ -224,3 +224,17 @@ def test_numba_is_the_default_and_reports_its_threads(tiny_quantised):
 def test_impossible_thread_counts_are_refused(tiny_quantised):
     with pytest.raises(ValueError, match="threads must be between 1 and"):
         llmrs.load(tiny_quantised, backend="numba", threads=10_000)
+
+
+def test_each_backend_runs_on_its_own_thread_count(tiny_quantised):
+    import numba
+
+    one = llmrs.load(tiny_quantised, backend="numba", threads=1)
+    everything = llmrs.load(tiny_quantised, backend="numba")  # sets all threads, process-wide
+    try:
+        one.logits([1, 2])
+        assert numba.get_num_threads() == 1, "a backend made with threads=1 must compute on 1 thread"
+        everything.logits([1, 2])
+        assert numba.get_num_threads() == max_threads()
+    finally:
+        set_threads(None)
