@@ -17,10 +17,11 @@
   read from memory once.
 * **large T (prompt processing)**: :func:`dequantize_rows` expands a band of
   rows to float32 and BLAS's sgemm does the arithmetic — at T = 512 the
-  dequantisation is a few per cent of the multiply.
+  dequantisation is about 6% of a forward pass.
 
-All kernels are ``parallel=True``: ``prange`` splits the groups of 32 rows
-across Numba's threads (``numba.set_num_threads``). ``fastmath`` lets LLVM
+The product kernels are ``parallel=True``: ``prange`` splits the groups of 32
+rows across Numba's threads (``numba.set_num_threads``); the dequantisation
+for BLAS is serial (see ``_dequantize_q4_groups``). ``fastmath`` lets LLVM
 reorder the float sums, which is what vectorising a reduction needs; results
 differ from NumPy's in the last bits only.
 """
