@@ -224,6 +224,8 @@ def test_numba_is_the_default_and_reports_its_threads(tiny_quantised):
 def test_impossible_thread_counts_are_refused(tiny_quantised):
     with pytest.raises(ValueError, match="threads must be between 1 and"):
         llmrs.load(tiny_quantised, backend="numba", threads=10_000)
+    with pytest.raises(ValueError, match="the numpy backend multiplies with BLAS"):
+        llmrs.load(tiny_quantised, backend="numpy", threads=2)
 
 
 def test_each_backend_runs_on_its_own_thread_count(tiny_quantised):
