@@ -21,7 +21,13 @@ from llmrs_core.kernels.cpu import matmul as km
 from llmrs_core.kernels.cpu import ops
 from llmrs_core.kernels.cpu.inspect import assembly, instruction_mix, vector_summary
 from llmrs_core.kernels.cpu.packing import LANES, fuse, pack_float, pack_raw
-from llmrs_core.kernels.cpu.threads import BlasThreads, max_threads, set_threads, threading_layer
+from llmrs_core.kernels.cpu.threads import (
+    BlasThreads,
+    load_pip_tbb,
+    max_threads,
+    set_threads,
+    threading_layer,
+)
 from llmrs_core.quant.dequant import dequantize
 from llmrs_core.quant.ggml_blocks import quantize
 from llmrs_core.testing import normalised_error, write_tiny_llama
@@ -240,3 +246,13 @@ def test_each_backend_runs_on_its_own_thread_count(tiny_quantised):
         assert numba.get_num_threads() == max_threads()
     finally:
         set_threads(None)
+
+
+def test_a_missing_or_broken_tbb_is_no_error(tmp_path, monkeypatch):
+    monkeypatch.delenv("NUMBA_THREADING_LAYER", raising=False)
+    assert load_pip_tbb(str(tmp_path)) is False  # no lib/libtbb.so.12
+    (tmp_path / "lib").mkdir()
+    (tmp_path / "lib" / "libtbb.so.12").write_bytes(b"not a shared library")
+    assert load_pip_tbb(str(tmp_path)) is False
+    monkeypatch.setenv("NUMBA_THREADING_LAYER", "omp")
+    assert load_pip_tbb(str(tmp_path)) is False

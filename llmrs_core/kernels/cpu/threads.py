@@ -11,17 +11,45 @@ prompt-processing products; everything else keeps BLAS single-threaded.
 
 Other processes are the other source of contention. With one of 2 cores kept
 busy, a SmolLM2 decode step went from 5.2 to 14.0 ms with OpenMP (the layer
-found here) and from 5.4 to 8.4 ms with TBB's work stealing
-(``pip install tbb``; ``NUMBA_THREADING_LAYER=tbb``).
+found here) and from 5.4 to 8.4 ms with TBB's work stealing. Numba prefers
+TBB when it can load it; ``pip install tbb`` puts the library where the
+loader does not look, so :func:`load_pip_tbb` loads it by path when this
+module is imported (``NUMBA_THREADING_LAYER=omp`` chooses OpenMP anyway).
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
+import sys
 from contextlib import contextmanager
+from pathlib import Path
 
 import numba
 import numpy as np
+
+
+def load_pip_tbb(prefix: str | None = None) -> bool:
+    """Load the TBB library of a pip-installed ``tbb`` (``<prefix>/lib/libtbb.so.12``), if any.
+
+    Numba's TBB layer links against ``libtbb.so.12`` by name; the pip wheel puts
+    it in the environment's ``lib/``, outside the loader's search path, so Numba
+    would silently fall back to OpenMP. Loaded here first, it is found by name.
+    Must run before Numba starts its threads. True if a library was loaded.
+    """
+    if os.environ.get("NUMBA_THREADING_LAYER", "default") in ("omp", "workqueue"):
+        return False
+    lib = Path(prefix or sys.prefix) / "lib" / "libtbb.so.12"
+    if not lib.is_file():
+        return False
+    try:
+        ctypes.CDLL(str(lib), mode=ctypes.RTLD_GLOBAL)
+    except OSError:  # not a loadable library (another platform's, or damaged): Numba uses OpenMP
+        return False
+    return True
+
+
+load_pip_tbb()
 
 
 def max_threads() -> int:
@@ -95,4 +123,4 @@ def describe(threads: int) -> str:
             f"{os.environ.get('NUMBA_THREADING_LAYER', 'default')}); {BlasThreads().describe()}")
 
 
-__all__ = ["BlasThreads", "describe", "max_threads", "set_threads", "threading_layer"]
+__all__ = ["BlasThreads", "describe", "load_pip_tbb", "max_threads", "set_threads", "threading_layer"]
