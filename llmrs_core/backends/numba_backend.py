@@ -85,8 +85,11 @@ class NumbaBackend(Backend):
         whole = ws[0].fused
         if whole is not None and all(w.fused is whole for w in ws) and sum(w.rows for w in ws) == whole.rows:
             y = self.matmul(x, whole)
-            bounds = np.cumsum([0] + [w.rows for w in ws])
-            return [y[:, bounds[i]: bounds[i + 1]] for i in range(len(ws))]
+            start, parts = 0, []
+            for w in ws:
+                parts.append(y[:, start: start + w.rows])
+                start += w.rows
+            return parts
         return [self.matmul(x, w) for w in ws]
 
     def embed(self, table: PackedMatrix, ids: np.ndarray) -> np.ndarray:

@@ -3,13 +3,11 @@ interleaved layout, checked against the dequantised product and by reading its a
 
 from __future__ import annotations
 
-import platform
-
 import numpy as np
 import pytest
 from numba.core.registry import CPUDispatcher
 
-from llmrs_core.kernels.cpu.inspect import assembly, vector_summary
+from llmrs_core.kernels.cpu.inspect import assembly, packed_fma_unavailable, vector_summary
 from llmrs_core.kernels.cpu.packing import LANES, pack_q8
 from llmrs_core.testing import normalised_error, random_q4
 
@@ -87,28 +85,10 @@ def test_ex8_6_kernel_is_compiled_with_fastmath(ex, compiled):
     )
 
 
-def _vector_fma_reason() -> str | None:
-    """Why the vectorisation test cannot run here, or None."""
-    if platform.machine().lower() not in ("x86_64", "amd64"):
-        return f"the assembly check reads x86 instructions; this CPU is {platform.machine()}"
-    try:
-        import llvmlite.binding as llvm
-
-        features = llvm.get_host_cpu_features()
-        has = {f: features.get(f, False) for f in ("avx2", "fma")}
-    except Exception:  # pragma: no cover - llvmlite always has it on x86
-        flags = open("/proc/cpuinfo").read().split()
-        has = {f: f in flags for f in ("avx2", "fma")}
-    missing = [f for f, ok in has.items() if not ok]
-    if missing:
-        return f"this CPU lacks {', '.join(missing)}: no 8-wide FMA instruction to look for"
-    return None
-
-
 def test_ex8_6_kernel_vectorises(ex, compiled):
     w, x = kernel_args(rows=1536, cols=576)
     compiled("q4_matvec_kernel", ex.q4_matvec_kernel, w.qs, w.d, w.m, x)  # a stub stops here, with its message
-    reason = _vector_fma_reason()
+    reason = packed_fma_unavailable()
     if reason:
         pytest.skip(reason)
     kernel = ex.q4_matvec_kernel

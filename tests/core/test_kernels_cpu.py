@@ -8,8 +8,6 @@ real SmolLM2 checks are in test_model_golden.py (both backends) .
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pytest
 
@@ -19,7 +17,7 @@ from llmrs_core import layers, rope
 from llmrs_core.formats.ggml_types import GGMLType
 from llmrs_core.kernels.cpu import matmul as km
 from llmrs_core.kernels.cpu import ops
-from llmrs_core.kernels.cpu.inspect import assembly, instruction_mix, vector_summary
+from llmrs_core.kernels.cpu.inspect import assembly, instruction_mix, packed_fma_unavailable, vector_summary
 from llmrs_core.kernels.cpu.packing import LANES, fuse, pack_float, pack_raw
 from llmrs_core.kernels.cpu.threads import (
     BlasThreads,
@@ -162,14 +160,7 @@ def test_results_do_not_depend_on_the_thread_count():
     np.testing.assert_array_equal(one, many)  # each row is summed by one thread, in one order
 
 
-def _has_fma() -> bool:
-    try:
-        return " fma " in Path("/proc/cpuinfo").read_text().split("flags", 1)[1].split("\n", 1)[0] + " "
-    except (OSError, IndexError):
-        return False
-
-
-@pytest.mark.skipif(not _has_fma(), reason="the CPU has no FMA instructions (x86 with AVX2 needed)")
+@pytest.mark.skipif(packed_fma_unavailable() is not None, reason=str(packed_fma_unavailable()))
 def test_the_matvec_kernel_is_vectorised():
     """What LLVM emits for the decode kernel: packed multiply-adds on ymm/zmm registers."""
     w, _ = packed_random("Q4_1", 64, 64)

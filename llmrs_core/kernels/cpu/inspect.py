@@ -9,6 +9,7 @@ same, and a serial function's assembly is not buried in thread-pool code.
 
 from __future__ import annotations
 
+import platform
 import re
 from collections import Counter
 
@@ -56,4 +57,17 @@ def vector_summary(asm: str) -> dict[str, int]:
     return out
 
 
-__all__ = ["assembly", "instruction_mix", "vector_summary"]
+def packed_fma_unavailable() -> str | None:
+    """Why this CPU's assembly cannot show packed FMAs (the reason, for a skip), or None if it can."""
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return f"the assembly check reads x86 instructions; this CPU is {platform.machine()}"
+    import llvmlite.binding as llvm
+
+    features = llvm.get_host_cpu_features()
+    missing = [f for f in ("avx2", "fma") if not features.get(f, False)]
+    if missing:
+        return f"this CPU lacks {', '.join(missing)}: no 8-wide FMA instruction to look for"
+    return None
+
+
+__all__ = ["assembly", "instruction_mix", "packed_fma_unavailable", "vector_summary"]
