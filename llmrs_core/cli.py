@@ -13,16 +13,20 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
+import threading
 
 from . import __version__
 from .backends import BACKENDS, DEFAULT_BACKEND
 from .config import ConfigError
 from .fetch import FetchError, default_model_path, fetch_model, verify_model
+from .files import atomic_write
 from .formats.gguf import GGUFError
 from .loader import load
+from .validation import check_int
 
 
 def _mib(n: int) -> str:
@@ -134,15 +138,38 @@ def _backend_of(args: argparse.Namespace) -> str:
     return args.backend or DEFAULT_BACKEND
 
 
+def _warm_up(model) -> None:
+    """Compile the kernels before the clock starts, saying so when it takes a while (the first
+    run, with an empty Numba cache); a warm cache loads them silently in a fraction of a second."""
+    said = threading.Event()
+
+    def say() -> None:
+        print("compiling the CPU kernels (first run only) ...", end=" ", file=sys.stderr, flush=True)
+        said.set()
+
+    timer = threading.Timer(1.0, say)
+    timer.start()
+    try:
+        seconds = model.warm_up()
+    finally:
+        timer.cancel()
+        timer.join()
+    if said.is_set():
+        print(f"{seconds:.0f} s", file=sys.stderr, flush=True)
+
+
 def cmd_generate(args: argparse.Namespace) -> int:
     args.backend = _backend_of(args)
     model = load(args.model, backend=args.backend, threads=args.threads)
     if args.backend == "learner":
         print(model.backend_report(), file=sys.stderr)
+    _warm_up(model)
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
-    if args.chat:
-        prompt = model.tokenizer.apply_chat_template([{"role": "user", "content": prompt}])
-    completion = model.generate(prompt, on_text=None if args.json else _write, **_sampling_kwargs(args))
+    on_text = None if args.json else _write
+    if args.chat:  # the message's text stays text: only the template makes control tokens
+        completion = model.chat([{"role": "user", "content": prompt}], on_text=on_text, **_sampling_kwargs(args))
+    else:
+        completion = model.generate(prompt, on_text=on_text, **_sampling_kwargs(args))
     if args.json:
         print(json.dumps({
             "text": completion.text, "token_ids": completion.token_ids,
@@ -161,6 +188,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
     model = load(args.model, backend=args.backend, threads=args.threads)
     if args.backend == "learner":
         print(model.backend_report(), file=sys.stderr)
+    _warm_up(model)
     messages = [{"role": "system", "content": args.system}] if args.system else []
     print("chat with the model; an empty line or Ctrl-D quits", file=sys.stderr)
     while True:
@@ -172,7 +200,13 @@ def cmd_chat(args: argparse.Namespace) -> int:
         if not line.strip():
             return 0
         messages.append({"role": "user", "content": line})
-        completion = model.chat(messages, on_text=_write, **_sampling_kwargs(args))
+        try:
+            completion = model.chat(messages, on_text=_write, **_sampling_kwargs(args))
+        except ValueError as e:  # too long for the context, say: the conversation so far is kept
+            messages.pop()
+            print(f"that message was not sent: {e}. The conversation so far is kept; "
+                  "try a shorter message (or fewer --max-tokens).", file=sys.stderr)
+            continue
         print()
         if args.stats:
             _print_stats(completion)
@@ -201,7 +235,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.threads is not None and args.threads < 1:
         raise ValueError(f"--threads must be at least 1, got {args.threads}")
     if args.what == "speed":
-        from .bench import format_speed, speed
+        from .bench.speed import format_speed, speed
 
         for name, n in (("--pp", args.pp), ("--tg", args.tg), ("--repetitions", args.repetitions)):
             if n < 1:
@@ -210,17 +244,19 @@ def cmd_bench(args: argparse.Namespace) -> int:
                        repetitions=args.repetitions, threads=args.threads or 2, compare=not args.no_compare)
         print(json.dumps(result, indent=2) if args.json else format_speed(result))
         if args.output:
-            with open(args.output, "w") as f:
+            with atomic_write(args.output, "w") as f:
                 json.dump(result, f, indent=2)
                 f.write("\n")
             print(f"wrote {args.output}", file=sys.stderr)
         return 0
-    from .engine.bench import format_throughput, throughput
+    from .bench.throughput import format_throughput, throughput
 
     backends = _backends(args.backend)
     if len(backends) != 1:
         raise ValueError("bench throughput measures one backend; give --backend one name")
     model = load(args.model, backend=backends[0], threads=args.threads)
+    check_int("--requests", args.requests, minimum=1)
+    check_int("--max-num-seqs", args.max_num_seqs, minimum=1)
     result = throughput(model, n_requests=args.requests, seed=args.seed, max_num_seqs=args.max_num_seqs)
     print(json.dumps(result, indent=2) if args.json else format_throughput(result))
     return 0
@@ -322,11 +358,32 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         return args.func(args)
-    except (FetchError, GGUFError, ConfigError, FileNotFoundError, ValueError) as e:
-        print(f"llmrs {args.command}: error: {e}", file=sys.stderr)
-        return 1
+    except BrokenPipeError:
+        # `llmrs generate ... | head -c3`: the reader left; exit quietly as Unix tools do.
+        # Point stdout at /dev/null so that Python's final flush does not fail again.
+        with contextlib.suppress(OSError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
     except KeyboardInterrupt:
+        print(file=sys.stderr)
         return 130
+    except (FetchError, GGUFError, ConfigError, ValueError, OSError, MemoryError) as e:
+        # OSError covers a missing file, a permission, a directory given for a file, a symlink loop
+        print(f"llmrs {args.command}: error: {_one_line(e)}", file=sys.stderr)
+        return 1
+    except Exception as e:  # a bug of ours: still one line, and how to see the rest
+        print(f"llmrs {args.command}: internal error: {type(e).__name__}: {_one_line(e)} "
+              "(set LLMRS_DEBUG=1 for the traceback)", file=sys.stderr)
+        if os.environ.get("LLMRS_DEBUG"):
+            raise
+        return 70
+
+
+def _one_line(e: BaseException) -> str:
+    text = str(e) or type(e).__name__
+    if isinstance(e, OSError) and e.filename is not None and str(e.filename) not in text:
+        text = f"{text}: {e.filename}"
+    return " ".join(text.split())
 
 
 if __name__ == "__main__":

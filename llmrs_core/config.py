@@ -39,6 +39,19 @@ class ConfigError(ValueError):
     """A model configuration is missing a value or is impossible. The message says which."""
 
 
+#: architectures whose math the engine implements (``general.architecture`` / ``model_type``)
+SUPPORTED_ARCHITECTURES = ("llama",)
+
+
+def check_architecture(arch: Any, source: object) -> None:
+    """Refuse a model whose architecture the engine does not implement, before reading the
+    architecture's own keys: a Gemma file must not run with Llama math, silently."""
+    if arch not in SUPPORTED_ARCHITECTURES:
+        raise ConfigError(
+            f"{source}: architecture {arch!r} is not supported (supported: {', '.join(SUPPORTED_ARCHITECTURES)})"
+        )
+
+
 # bytes per cached K or V element, by cache dtype
 KV_DTYPE_BYTES: dict[str, float] = {"f32": 4, "f16": 2, "bf16": 2, "fp8": 1, "q8_0": 34 / 32}
 
@@ -106,15 +119,26 @@ class ModelConfig:
                 raise ConfigError(f"{gguf.path}: GGUF metadata lacks {key!r}")
             return md[key]
 
+        def need_int(key: str) -> int:
+            value = need(key)
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise ConfigError(
+                    f"{gguf.path}: GGUF metadata {key!r} must be an integer, got {type(value).__name__} {value!r}"
+                )
+            return value
+
+        def opt_int(key: str, default: int) -> int:
+            return need_int(key) if key in md else default
+
         arch = need("general.architecture")
-        hidden = need(f"{arch}.embedding_length")
-        n_heads = need(f"{arch}.attention.head_count")
+        hidden = need_int(f"{arch}.embedding_length")
+        n_heads = need_int(f"{arch}.attention.head_count")
         if hidden % n_heads and f"{arch}.attention.key_length" not in md:
             raise ConfigError(
                 f"hidden size {hidden} is not divisible by the {n_heads} attention heads"
             )
         if f"{arch}.vocab_size" in md:
-            vocab = md[f"{arch}.vocab_size"]
+            vocab = need_int(f"{arch}.vocab_size")
         elif "tokenizer.ggml.tokens" in md:
             vocab = len(md["tokenizer.ggml.tokens"])
         elif "token_embd.weight" in gguf.tensors:
@@ -127,12 +151,12 @@ class ModelConfig:
         config = cls(
             vocab_size=int(vocab),
             hidden_size=int(hidden),
-            intermediate_size=int(need(f"{arch}.feed_forward_length")),
-            n_layers=int(need(f"{arch}.block_count")),
+            intermediate_size=need_int(f"{arch}.feed_forward_length"),
+            n_layers=need_int(f"{arch}.block_count"),
             n_heads=int(n_heads),
-            n_kv_heads=int(md.get(f"{arch}.attention.head_count_kv", n_heads)),
-            head_dim=int(md.get(f"{arch}.attention.key_length", hidden // n_heads)),
-            context_length=int(need(f"{arch}.context_length")),
+            n_kv_heads=opt_int(f"{arch}.attention.head_count_kv", n_heads),
+            head_dim=opt_int(f"{arch}.attention.key_length", hidden // n_heads),
+            context_length=need_int(f"{arch}.context_length"),
             rope_theta=_f32(md.get(f"{arch}.rope.freq_base", 10000.0)),
             rms_norm_eps=_f32(need(f"{arch}.attention.layer_norm_rms_epsilon")),
             tie_embeddings="output.weight" not in gguf.tensors,

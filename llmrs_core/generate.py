@@ -3,10 +3,10 @@
 Prefill runs the whole prompt through the model once, filling the KV cache;
 then each decode step feeds the one token just chosen and reads the next
 token's logits. Generation stops at an end-of-sequence token, at a stop
-string, or after ``max_tokens``. Text is streamed through a
-:class:`~llmrs_core.tokenizer.StreamDecoder` so no broken UTF-8 is ever
-emitted, and text that might be the start of a stop string is held back
-until it is clear that it is not.
+string, or after ``max_tokens``. Tokens become text through the request's
+:class:`~llmrs_core.output.OutputStream` — the same one the batching engine
+uses — so no broken UTF-8 is ever emitted, and text that might be the start
+of a stop string is held back until it is clear that it is not.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from .model import LlamaModel
+from .output import OutputStream
 from .sampling import Sampler, SamplingParams
 from .tokenizer import Tokenizer
 
@@ -26,8 +27,9 @@ class Completion:
 
     ``token_ids`` are the generated tokens (not the prompt, not the final
     end-of-sequence token); ``text`` is their text, cut before a stop string;
-    ``finish_reason`` is ``"stop"`` (end-of-sequence or a stop string) or
-    ``"length"`` (``max_tokens`` reached).
+    ``finish_reason`` is ``"stop"`` (end-of-sequence or a stop string),
+    ``"length"`` (``max_tokens`` reached), ``"abort"`` (cancelled, in the engine) or
+    ``"error"`` (the engine could not compute it; ``error`` says why).
     """
 
     token_ids: list[int]
@@ -37,6 +39,7 @@ class Completion:
     prefill_seconds: float = 0.0
     decode_seconds: float = 0.0
     stop_reason: str | int | None = field(default=None, repr=False)
+    error: str | None = field(default=None, repr=False)
 
     @property
     def prefill_tokens_per_second(self) -> float:
@@ -49,40 +52,9 @@ class Completion:
         return steps / self.decode_seconds if self.decode_seconds else 0.0
 
 
-class StopStringFilter:
-    """Passes text through, holding back any tail that could begin a stop string."""
-
-    def __init__(self, stops: Sequence[str]):
-        self.stops = [s for s in stops if s]
-        self.pending = ""
-        self.hit: str | None = None
-
-    def feed(self, text: str) -> str:
-        self.pending += text
-        for s in self.stops:
-            i = self.pending.find(s)
-            if i >= 0:
-                self.hit = s
-                out, self.pending = self.pending[:i], ""
-                return out
-        hold = 0
-        for s in self.stops:
-            for n in range(min(len(s) - 1, len(self.pending)), 0, -1):
-                if self.pending.endswith(s[:n]):
-                    hold = max(hold, n)
-                    break
-        out = self.pending[: len(self.pending) - hold]
-        self.pending = self.pending[len(out) :]
-        return out
-
-    def flush(self) -> str:
-        out, self.pending = self.pending, ""
-        return out
-
-
 def generate_ids(
     model: LlamaModel,
-    tokenizer: Tokenizer,
+    tokenizer: Tokenizer | None,
     prompt_ids: Sequence[int],
     *,
     max_tokens: int = 128,
@@ -92,15 +64,16 @@ def generate_ids(
     on_text: Callable[[str], None] | None = None,
     sampler: Callable[..., int] | None = None,
 ) -> Completion:
-    """Generate up to ``max_tokens`` tokens after ``prompt_ids``.
+    """Generate up to ``max_tokens`` (>= 1) tokens after ``prompt_ids``.
 
-    ``on_text`` receives text pieces as they become final (for streaming).
-    ``sampler`` overrides the token choice (called as ``sampler(logits, history)``).
+    Generation ends at any of ``stop_token_ids`` or the tokenizer's EOS, at a
+    ``stop`` string, or after ``max_tokens``. ``on_text`` receives text pieces
+    as they become final (for streaming). ``sampler`` overrides the token
+    choice (called as ``sampler(logits, history)``). ``tokenizer`` may be
+    ``None`` for a model without one: then the completion has ids and no text.
     """
     if len(prompt_ids) == 0:
         raise ValueError("the prompt is empty: give at least one token")
-    if max_tokens < 0:
-        raise ValueError(f"max_tokens must be >= 0, got {max_tokens}")
     limit = model.config.context_length
     if len(prompt_ids) + max_tokens > limit:
         raise ValueError(
@@ -109,49 +82,31 @@ def generate_ids(
         )
     choose = sampler or Sampler(sampling)
     eos = set(stop_token_ids)
-    if tokenizer.eos_token_id is not None:
+    if tokenizer is not None and tokenizer.eos_token_id is not None:
         eos.add(tokenizer.eos_token_id)
-    decoder = tokenizer.stream_decoder(skip_special=True)
-    stops = StopStringFilter(stop)
-    emitted: list[str] = []
-
-    def emit(piece: str) -> None:
-        if piece:
-            emitted.append(piece)
-            if on_text is not None:
-                on_text(piece)
-
+    stream = OutputStream(tokenizer, max_tokens, stop, eos)
     cache = model.new_cache(len(prompt_ids) + max_tokens)
     history = list(prompt_ids)
-    generated: list[int] = []
-    finish, stop_reason = "length", None
     start = time.perf_counter()
-    logits = model.forward(prompt_ids, cache, last_only=True)[0] if max_tokens else None
+    logits = model.forward(prompt_ids, cache, last_only=True)[0]
     prefill = time.perf_counter() - start
     start = time.perf_counter()
-    for step in range(max_tokens):
-        if step:
-            logits = model.forward([generated[-1]], cache, last_only=True)[0]
+    while True:
         token = choose(logits, history)
-        if token in eos:
-            finish, stop_reason = "stop", token
+        delta, finish = stream.feed(token)
+        if delta and on_text is not None:
+            on_text(delta)
+        if finish is not None:
             break
-        generated.append(token)
         history.append(token)
-        emit(stops.feed(decoder.add(token)))
-        if stops.hit is not None:
-            finish, stop_reason = "stop", stops.hit
-            break
+        logits = model.forward([token], cache, last_only=True)[0]
     decode = time.perf_counter() - start
-    if stops.hit is None:
-        emit(stops.feed(decoder.flush()))
-        emit(stops.flush())
     return Completion(
-        token_ids=generated,
-        text="".join(emitted),
-        finish_reason=finish,
+        token_ids=stream.token_ids,
+        text=stream.text,
+        finish_reason=stream.finish_reason,
         prompt_tokens=len(prompt_ids),
         prefill_seconds=prefill,
         decode_seconds=decode,
-        stop_reason=stop_reason,
+        stop_reason=stream.stop_reason,
     )

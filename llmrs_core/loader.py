@@ -19,32 +19,35 @@ from typing import Any
 import numpy as np
 
 from .backends import BACKENDS, DEFAULT_BACKEND, get_backend
-from .config import ModelConfig
 from .fetch import default_model_path, fetch_model
-from .formats.gguf import GGUFFile, read_gguf
+from .formats.gguf import read_gguf
 from .formats.hf import HFWeights
+from .formats.source import WeightSource
 from .generate import Completion, generate_ids
 from .model import LlamaModel
 from .sampling import SamplingParams
 from .tokenizer import Tokenizer
+from .validation import check_max_tokens, is_integer, normalise_stop, prompt_ids
 
 
 class Model:
     """A loaded model file and what the engine knows about it.
 
     Attributes:
-        path: the GGUF file.
-        gguf: the parsed file (metadata, tensor infos, memory-mapped data).
-        config: the architecture, from the GGUF metadata.
+        path: the GGUF file (or Hugging Face directory).
+        gguf: the weight source (:class:`~llmrs_core.formats.source.WeightSource`): the
+            parsed GGUF file (metadata, tensor infos, memory-mapped data), or a
+            Hugging Face directory (chapter 10).
+        config: the architecture, from the GGUF metadata (or ``config.json``).
         backend: name of the compute backend: ``"numba"`` (the default, chapter 8),
             ``"numpy"`` (the readable reference, chapter 4) or ``"learner"`` (your
             exercise code where it exists; chapters 3-4).
     """
 
-    def __init__(self, gguf: GGUFFile | HFWeights, backend: str | None = None, threads: int | None = None):
-        self.gguf = gguf  # the weight source: a GGUF file, or a Hugging Face directory (chapter 10)
-        self.path = gguf.path
-        self.config = gguf.config if isinstance(gguf, HFWeights) else ModelConfig.from_gguf(gguf)
+    def __init__(self, source: WeightSource, backend: str | None = None, threads: int | None = None):
+        self.gguf = source
+        self.path = source.path
+        self.config = source.config
         self.backend = DEFAULT_BACKEND if backend is None else backend
         self._backend = get_backend(self.backend, threads)
 
@@ -52,6 +55,12 @@ class Model:
     def network(self) -> LlamaModel:
         """The weights on the backend, loaded on first use (chapter 4)."""
         return LlamaModel(self.gguf, self.config, self._backend)
+
+    def warm_up(self) -> float:
+        """Compile the backend's kernels (or load them from Numba's cache) before anything is
+        timed; returns the seconds it took (0.0 when nothing compiles). ``llmrs generate``
+        calls it so that a first run reports the engine's speed, not the compiler's."""
+        return self.network.warm_up()
 
     def backend_report(self) -> str:
         """Which implementation each operation uses (the learner backend says whose)."""
@@ -75,62 +84,100 @@ class Model:
         presence_penalty: float = 0.0,
         frequency_penalty: float = 0.0,
         seed: int | None = None,
-        stop: Sequence[str] = (),
-        on_text: Callable[[str], None] | None = None,
+        stop: str | Sequence[str] = (),
+        on_text: Callable[..., None] | None = None,
+        allow_special: bool = False,
     ) -> Completion | list[Completion]:
         """Generate a continuation of ``prompt`` (text, or token ids).
 
         A list of prompts returns a list of completions, in order, computed
         together by the continuous-batching engine (chapter 7); each prompt
         gets its own sampler, seeded with ``seed``. Greedy by default; see
-        :mod:`llmrs_core.sampling` for the sampling chain.
+        :mod:`llmrs_core.sampling` for the sampling chain. Both paths sample
+        with the backend's sampler and stop at the tokenizer's end-of-turn
+        tokens. ``on_text(text)`` receives the text as it is generated; for a
+        list of prompts it is called as ``on_text(i, text)`` for prompt ``i``.
+
+        Text prompts are encoded as ordinary text: special-token strings in them
+        (``<|im_start|>``) stay text unless ``allow_special=True``. ``stop`` is
+        one string or a list of them. Every argument is checked first, with a
+        ``ValueError`` naming it.
         """
-        batched = isinstance(prompt, list) and bool(prompt) and not isinstance(prompt[0], (int, np.integer))
+        batched = isinstance(prompt, list) and bool(prompt) and not is_integer(prompt[0])
         params = SamplingParams(
             temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
             repetition_penalty=repetition_penalty, presence_penalty=presence_penalty,
             frequency_penalty=frequency_penalty, seed=seed,
         )
+        max_tokens = check_max_tokens(max_tokens)
+        stop = normalise_stop(stop)
         if batched:
-            return self._generate_batch(prompt, max_tokens, params, stop)
-        ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else [int(i) for i in prompt]
+            return self._generate_batch(prompt, max_tokens, params, stop, on_text, allow_special)
+        ids = self._prompt_ids(prompt, max_tokens, allow_special)
         return generate_ids(
-            self.network, self.tokenizer, ids, max_tokens=max_tokens, sampling=params, stop=stop,
-            stop_token_ids=self._end_of_turn_ids(), on_text=on_text,
+            self.network, self._tokenizer, ids, max_tokens=max_tokens, sampling=params, stop=stop,
+            stop_token_ids=self._stop_token_ids(), on_text=on_text,
             sampler=self._backend.sampler(params),
         )
 
+    def _prompt_ids(self, prompt: Any, max_tokens: int, allow_special: bool) -> list[int]:
+        c = self.config
+        return prompt_ids(prompt, self._tokenizer, c.vocab_size, c.context_length, max_tokens, allow_special)
+
     def _generate_batch(
-        self, prompts: list, max_tokens: int, params: SamplingParams, stop: Sequence[str]
+        self, prompts: list, max_tokens: int, params: SamplingParams, stop: Sequence[str],
+        on_text: Callable[[int, str], None] | None, allow_special: bool,
     ) -> list[Completion]:
         """Run the prompts together through the continuous-batching engine (chapter 7)."""
         from .engine import Engine
 
-        encoded = [self.tokenizer.encode(p) if isinstance(p, str) else [int(i) for i in p] for p in prompts]
+        encoded = []
+        for i, p in enumerate(prompts):
+            try:
+                encoded.append(self._prompt_ids(p, max_tokens, allow_special))
+            except ValueError as e:
+                raise ValueError(f"prompt {i}: {e}") from None
         block_size = 16
         needed = sum(-(-(len(ids) + max_tokens) // block_size) for ids in encoded)
-        engine = Engine(self.network, self.tokenizer, num_blocks=min(max(needed, 1), 4096), block_size=block_size)
-        return engine.generate(encoded, max_tokens, params, stop, stop_token_ids=self._end_of_turn_ids())
+        engine = Engine(self.network, self._tokenizer, num_blocks=min(max(needed, 1), 4096), block_size=block_size)
+        outs = engine.generate(encoded, max_tokens, params, stop, stop_token_ids=self._stop_token_ids(),
+                               on_text=on_text)
+        for i, out in enumerate(outs):
+            if out.finish_reason == "error":
+                raise RuntimeError(f"prompt {i} failed: {out.error}")
+        return outs
 
     def chat(self, messages: Sequence[Mapping[str, Any]], **kwargs: Any) -> Completion:
-        """Render ``messages`` with the model's chat template and generate the assistant's reply."""
-        prompt = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
-        return self.generate(prompt, **kwargs)
+        """Generate the assistant's reply to ``messages``, rendered with the model's chat template.
 
-    def _end_of_turn_ids(self) -> list[int]:
-        ids = [self.tokenizer.eos_token_id] if self.tokenizer.eos_token_id is not None else []
-        for text in ("<|im_end|>", "<|endoftext|>", "<|eot_id|>"):
-            if text in self.tokenizer.special_tokens:
-                ids.append(self.tokenizer.special_tokens[text])
-        return ids
+        Only the template's own structure becomes control tokens: a message
+        whose *content* contains ``<|im_start|>`` or ``<|im_end|>`` cannot
+        forge a turn (the content is encoded as ordinary text,
+        :meth:`~llmrs_core.tokenizer.Tokenizer.encode_chat`).
+        """
+        if "allow_special" in kwargs:
+            raise ValueError("chat() encodes message contents as text; allow_special applies to generate()")
+        ids = self.tokenizer.encode_chat(messages, add_generation_prompt=True)
+        return self.generate(ids, **kwargs)
+
+    def _stop_token_ids(self) -> list[int]:
+        return [] if self._tokenizer is None else self._tokenizer.stop_token_ids
 
     @functools.cached_property
+    def _tokenizer(self) -> Tokenizer | None:
+        return self.gguf.tokenizer()
+
+    @property
     def tokenizer(self) -> Tokenizer:
         """The model's tokenizer, built from the GGUF's ``tokenizer.*`` metadata (chapter 2)
-        or a Hugging Face directory's ``tokenizer.json``."""
-        if isinstance(self.gguf, HFWeights):
-            return Tokenizer.from_hf_dir(self.path)
-        return Tokenizer.from_gguf(self.gguf)
+        or a Hugging Face directory's ``tokenizer.json``. A model file without one
+        still loads and runs on token ids; asking for its tokenizer raises ``ValueError``."""
+        if self._tokenizer is None:
+            raise ValueError(
+                f"{self.path} has no tokenizer (no tokenizer.* metadata or tokenizer.json): "
+                "give token ids, not text"
+            )
+        return self._tokenizer
 
     @property
     def name(self) -> str:

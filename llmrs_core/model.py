@@ -18,6 +18,7 @@ embeddings ``W_out`` is the token embedding table.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,7 +26,8 @@ import numpy as np
 
 from .backends.base import Backend
 from .config import ModelConfig
-from .formats.gguf import GGUFFile
+from .formats.source import WeightSource
+from .kv_cache.base import KVCache
 from .kv_cache.contiguous import ContiguousKVCache
 
 
@@ -44,27 +46,31 @@ class LayerWeights:
     w_down: Any
 
 
+class NonFiniteError(FloatingPointError):
+    """The forward pass produced NaN or infinite logits: valid weights and token ids never do."""
+
+
 class LlamaModel:
     """A Llama-family transformer loaded onto a backend.
 
-    ``gguf`` is the weight source: a GGUF file, or anything with ``tensors``
-    (name -> info with ``shape``), ``path`` and ``float32(name)`` — a Hugging
-    Face directory (:class:`llmrs_core.formats.hf.HFWeights`, chapter 10),
-    whose ``rope_layout`` tells the backend how RoPE pairs dimensions.
+    ``source`` is a :class:`~llmrs_core.formats.source.WeightSource`: a GGUF
+    file, or a Hugging Face directory (chapter 10), whose ``rope_layout`` the
+    backend learns in :meth:`~llmrs_core.backends.base.Backend.prepare`.
     """
 
-    def __init__(self, gguf: GGUFFile, config: ModelConfig, backend: Backend):
+    def __init__(self, source: WeightSource, config: ModelConfig, backend: Backend):
         self.config = config
         self.backend = backend
-        backend.rope_layout = getattr(gguf, "rope_layout", "interleaved")
-        self._check_tensors(gguf)
-        b = backend
+        self.source_path = source.path  # for messages that blame the weights
+        self._check_tensors(source)
+        backend.prepare(source)
+        b, gguf = backend, source
         self.token_embd = b.load_matrix(gguf, "token_embd.weight")
         self.layers = [self._load_layer(gguf, i) for i in range(config.n_layers)]
         self.output_norm = b.load_vector(gguf, "output_norm.weight")
         self.output = self.token_embd if config.tie_embeddings else b.load_matrix(gguf, "output.weight")
 
-    def _load_layer(self, gguf: GGUFFile, i: int) -> LayerWeights:
+    def _load_layer(self, gguf: WeightSource, i: int) -> LayerWeights:
         b, p = self.backend, f"blk.{i}."
         # Q/K/V and gate/up multiply the same input: loaded together, a backend may fuse them
         wq, wk, wv = b.load_matrices(gguf, [p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"])
@@ -78,7 +84,7 @@ class LlamaModel:
             w_down=b.load_matrix(gguf, p + "ffn_down.weight"),
         )
 
-    def _check_tensors(self, gguf: GGUFFile) -> None:
+    def _check_tensors(self, gguf: WeightSource) -> None:
         """Every tensor the forward pass reads exists with the shape the config implies."""
         c = self.config
         d, q_out, kv_out = c.hidden_size, c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim
@@ -98,6 +104,15 @@ class LlamaModel:
                 p + "ffn_up.weight": (c.intermediate_size, d),
                 p + "ffn_down.weight": (d, c.intermediate_size),
             }
+        extra = sorted(set(gguf.tensors) - set(want))
+        if extra:
+            layers = sorted({int(n.split(".")[1]) for n in extra if n.startswith("blk.") and n.split(".")[1].isdigit()})
+            hint = (
+                f"; the config says {c.n_layers} layers but there are tensors of layer {layers[-1]}: "
+                "is the block count right?" if layers and layers[-1] >= c.n_layers else ""
+            )
+            shown = ", ".join(extra[:4]) + (f" and {len(extra) - 4} more" if len(extra) > 4 else "")
+            raise ValueError(f"{gguf.path}: tensors the model does not use: {shown}{hint}")
         for name, shape in want.items():
             if name not in gguf.tensors:
                 raise ValueError(f"{gguf.path}: the model needs tensor {name!r}, which the file lacks")
@@ -108,19 +123,27 @@ class LlamaModel:
                 )
 
     def new_cache(self, max_tokens: int) -> ContiguousKVCache:
-        return ContiguousKVCache(self.config, max_tokens)
+        """A contiguous cache for ``max_tokens`` positions, in the backend's array module."""
+        return ContiguousKVCache(self.config, max_tokens, xp=self.backend.xp)
+
+    def warm_up(self) -> float:
+        """Run one throwaway step of each of the backend's :attr:`~Backend.warm_up_sizes`, so
+        that every kernel is compiled (or loaded from Numba's cache) before anything is
+        timed. Returns the seconds it took; 0.0 for a backend that compiles nothing."""
+        start = time.perf_counter()
+        for n in self.backend.warm_up_sizes:
+            self.forward(np.zeros(n, dtype=np.int64), last_only=True)
+        return time.perf_counter() - start if self.backend.warm_up_sizes else 0.0
 
     def forward(
-        self, ids: np.ndarray | list[int], cache: ContiguousKVCache | None = None, last_only: bool = False
+        self, ids: np.ndarray | list[int], cache: KVCache | None = None, last_only: bool = False
     ) -> np.ndarray:
         """Logits ``[T, vocab]`` for ``ids [T]`` (``[1, vocab]`` with ``last_only``).
 
-        With a ``cache`` the ids continue the cached sequence (positions start
-        at ``cache.length``) and their K/V are added to it; without one, the
-        ids are a whole sequence from position 0. Any object with the
-        contiguous cache's ``length``/``write``/``view``/``advance`` works:
-        a paged sequence (``PagedKVCache.sequence``) or an evicting cache
-        (``kv_cache.eviction``).
+        With a ``cache`` (any :class:`~llmrs_core.kv_cache.base.KVCache`: the
+        contiguous cache, a paged sequence, an evicting cache) the ids continue
+        the cached sequence and their K/V are added to it; without one, the ids
+        are a whole sequence from position 0.
         """
         ids = np.asarray(ids, dtype=np.int64).reshape(-1)
         if cache is None:
@@ -128,7 +151,7 @@ class LlamaModel:
         return self.forward_batch([(ids, cache)], last_only=last_only)[0]
 
     def forward_batch(
-        self, batch: list[tuple[np.ndarray | list[int], Any]], last_only: bool = True
+        self, batch: list[tuple[np.ndarray | list[int], KVCache]], last_only: bool = True
     ) -> list[np.ndarray]:
         """One step for several sequences at once (chapter 7's continuous batching).
 
@@ -150,15 +173,12 @@ class LlamaModel:
         caches = [cache for _, cache in batch]
         sizes = [ids.size for ids in all_ids]
         bounds = np.cumsum([0, *sizes])
-        # A cache may number positions its own way (attention sinks count within the cache)
-        # and may keep keys unrotated, rotating them by their cache index when read.
-        positions = [
-            cache.positions(t) if hasattr(cache, "positions") else np.arange(cache.length, cache.length + t)
-            for cache, t in zip(caches, sizes)
-        ]
-        rerotate = [getattr(cache, "rerotates_keys", False) for cache in caches]
-        all_positions = np.concatenate(positions)
+        # Each cache names its tokens' RoPE positions (attention sinks count within the
+        # cache) and says whether it keeps keys unrotated, to be rotated when read.
+        all_positions = np.concatenate([cache.positions(t) for cache, t in zip(caches, sizes)])
+        unrotated = [cache.stores_unrotated_keys for cache in caches]
         n = int(bounds[-1])
+        b.begin_step(n)
         x = b.embed(self.token_embd, np.concatenate(all_ids))
         for i, layer in enumerate(self.layers):
             h = b.rms_norm(x, layer.attn_norm, c.rms_norm_eps)
@@ -166,20 +186,17 @@ class LlamaModel:
             q_all, k_all, v_all = b.matmul_many(h, [layer.wq, layer.wk, layer.wv])
             q_all = b.rope(q_all.reshape(n, c.n_heads, c.head_dim), all_positions, c.rope_theta)
             k_all = k_all.reshape(n, c.n_kv_heads, c.head_dim)
-            k_rot = b.rope(k_all, all_positions, c.rope_theta) if not all(rerotate) else k_all
+            k_rot = b.rope(k_all, all_positions, c.rope_theta) if not all(unrotated) else k_all
             v_all = v_all.reshape(n, c.n_kv_heads, c.head_dim)
             outs = []
             for j, (cache, t) in enumerate(zip(caches, sizes)):
                 lo, hi = bounds[j], bounds[j + 1]
-                q = q_all[lo:hi]
-                k = k_all[lo:hi] if rerotate[j] else k_rot[lo:hi]
-                v = v_all[lo:hi]
-                cache.write(i, k, v)
+                cache.write(i, (k_all if unrotated[j] else k_rot)[lo:hi], v_all[lo:hi])
                 keys, values = cache.view(i, t)
-                if rerotate[j]:
+                if unrotated[j]:
                     keys = b.rope(keys, cache.key_positions(t), c.rope_theta)
-                outs.append(b.attention(q, keys, values).reshape(t, c.n_heads * c.head_dim))
-            x = x + b.matmul(np.concatenate(outs) if len(outs) > 1 else outs[0], layer.wo)
+                outs.append(b.attention(q_all[lo:hi], keys, values).reshape(t, c.n_heads * c.head_dim))
+            x = x + b.matmul(b.xp.concatenate(outs) if len(outs) > 1 else outs[0], layer.wo)
             h = b.rms_norm(x, layer.ffn_norm, c.rms_norm_eps)
             gate, up = b.matmul_many(h, [layer.w_gate, layer.w_up])
             x = x + b.matmul(b.swiglu(gate, up), layer.w_down)
@@ -187,7 +204,17 @@ class LlamaModel:
             cache.advance(t)
         if last_only:
             x = x[bounds[1:] - 1]
-            logits = b.matmul(b.rms_norm(x, self.output_norm, c.rms_norm_eps), self.output)
-            return [logits[j : j + 1] for j in range(len(batch))]
         logits = b.matmul(b.rms_norm(x, self.output_norm, c.rms_norm_eps), self.output)
+        self._check_finite(logits)
+        if last_only:
+            return [logits[j : j + 1] for j in range(len(batch))]
         return [logits[bounds[j] : bounds[j + 1]] for j in range(len(batch))]
+
+    def _check_finite(self, logits: Any) -> None:
+        """One cheap check per step: a NaN must never become token 0 or an empty answer."""
+        if not bool(self.backend.xp.isfinite(logits).all()):
+            raise NonFiniteError(
+                f"the forward pass produced non-finite logits (NaN or infinity). Valid weights cannot: "
+                f"the weights in {self.source_path} are probably damaged or mislabelled (a tensor stored "
+                "in one ggml type but labelled another)"
+            )

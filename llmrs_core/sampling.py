@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .attention import softmax
+from .validation import check_float, check_int
 
 
 @dataclass(frozen=True)
@@ -40,9 +41,16 @@ class SamplingParams:
     seed: int | None = None
 
     def __post_init__(self) -> None:
+        # Types first, each naming the parameter: a NaN penalty or a float top_k would
+        # otherwise reach NumPy and fail (or sample garbage) far from its cause.
+        for name in ("temperature", "top_p", "min_p", "repetition_penalty", "presence_penalty",
+                     "frequency_penalty"):
+            object.__setattr__(self, name, check_float(name, getattr(self, name)))
+        object.__setattr__(self, "top_k", check_int("top_k", self.top_k, minimum=0))
+        if self.seed is not None:
+            object.__setattr__(self, "seed", check_int("seed", self.seed, minimum=0, maximum=2**63 - 1))
         checks = [
             (self.temperature >= 0, f"temperature must be >= 0, got {self.temperature}"),
-            (self.top_k >= 0, f"top_k must be >= 0 (0 = off), got {self.top_k}"),
             (0 < self.top_p <= 1, f"top_p must be in (0, 1], got {self.top_p}"),
             (0 <= self.min_p <= 1, f"min_p must be in [0, 1], got {self.min_p}"),
             (self.repetition_penalty > 0, f"repetition_penalty must be > 0, got {self.repetition_penalty}"),

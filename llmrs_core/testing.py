@@ -218,6 +218,7 @@ class ByteTokenizer:
     """
 
     eos_token_id = 0
+    stop_token_ids = [0]
     special_tokens: dict = {}
 
     def encode(self, text: str, allow_special: bool = True) -> list[int]:

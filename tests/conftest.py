@@ -135,6 +135,22 @@ def smollm2_gguf(model_path: Path):
 
 
 @pytest.fixture(scope="session")
+def smollm2_tokenizer(smollm2_gguf):
+    """SmolLM2's tokenizer, built by the engine from the GGUF metadata."""
+    from llmrs_core.tokenizer import Tokenizer
+
+    return Tokenizer.from_gguf(smollm2_gguf)
+
+
+@pytest.fixture(scope="session")
+def smollm2_reference(smollm2_tokenizer):
+    """Hugging Face ``tokenizers`` configured as SmolLM2's: the reference for ours."""
+    from llmrs_core.tokenizer.reference import reference_tokenizer
+
+    return reference_tokenizer(smollm2_tokenizer)
+
+
+@pytest.fixture(scope="session")
 def hf_golden():
     """transformers' float32 run of SmolLM2 (tests/golden/smollm2_hf_golden.npz)."""
     import numpy as np

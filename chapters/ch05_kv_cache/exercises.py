@@ -7,17 +7,25 @@ Check your work with ``make test-chapter 5`` (or ``make test-exercise E=5.7``).
 
 Shapes: L = n_layers, Hkv = n_kv_heads, D = head_dim, T = new tokens.
 The model's forward pass (``llmrs_core.model.LlamaModel.forward(ids, cache)``)
-accepts any cache with ``length``, ``write(layer, k, v)``, ``view(layer, n_new)``
-and ``advance(n_new)``: plug yours in and SmolLM2 runs on it.
+accepts any :class:`~llmrs_core.kv_cache.base.KVCache`: ``length``,
+``write(layer, k, v)``, ``view(layer, n_new)`` and ``advance(n_new)``. Your
+cache inherits the interface (and its default RoPE positions): plug it in and
+SmolLM2 runs on it.
+
+``xp`` is the array module the storage lives in: ``xp.zeros(...)`` instead of
+``np.zeros(...)``, and the same code keeps a GPU backend's cache on the GPU
+(chapter 9). On the CPU it is NumPy itself.
 """
 
 from __future__ import annotations
 
 from collections.abc import Hashable
+from types import ModuleType
 
 import numpy as np
 
 from llmrs_core.config import ModelConfig
+from llmrs_core.kv_cache.base import KVCache
 from llmrs_core.kv_cache.contiguous import CacheFullError
 from llmrs_core.kv_cache.paged import OutOfBlocksError, PagedSequence
 
@@ -34,14 +42,14 @@ __all__ = [
 # -- Exercise 5.6: a contiguous KV cache ------------------------------------------
 
 
-class ContiguousKVCache:
+class ContiguousKVCache(KVCache):
     """Preallocated K and V for one sequence: ``self.k`` and ``self.v`` are
     ``[L, Hkv, max_tokens, D]`` arrays of zeros; ``self.length`` counts the
     cached positions; ``self.max_tokens`` is the capacity.
     """
 
-    def __init__(self, config: ModelConfig, max_tokens: int, dtype: type = np.float32):
-        """Allocate ``k`` and ``v`` (layout above) and set ``length = 0``.
+    def __init__(self, config: ModelConfig, max_tokens: int, dtype: type = np.float32, xp: ModuleType = np):
+        """Allocate ``k`` and ``v`` (layout above, ``xp.zeros``) and set ``length = 0``.
         A ``max_tokens <= 0`` raises ``ValueError``."""
         raise NotImplementedError(
             "Exercise 5.6 `ContiguousKVCache.__init__`: not implemented yet — see ch05_kv_cache.ipynb §5.6"
@@ -134,7 +142,11 @@ class PagedKVCache:
     ``self.allocator`` is a :class:`BlockAllocator`; ``self.block_size`` the block size.
     """
 
-    def __init__(self, config: ModelConfig, num_blocks: int, block_size: int = 16, dtype: type = np.float32):
+    def __init__(
+        self, config: ModelConfig, num_blocks: int, block_size: int = 16, dtype: type = np.float32,
+        xp: ModuleType = np,
+    ):
+        """Pools of zeros (``xp.zeros``), an allocator of ``num_blocks``, no sequences."""
         raise NotImplementedError(
             "Exercise 5.7 `PagedKVCache.__init__`: not implemented yet — see ch05_kv_cache.ipynb §5.7"
         )

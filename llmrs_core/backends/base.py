@@ -3,12 +3,25 @@
 Shapes: ``x [T, d]``; ``q [T, Hq, D]``, ``k, v [Tk, Hkv, D]``; weights are
 whatever :meth:`Backend.load_matrix` returned for that backend (a float32
 array for NumPy, packed quantised blocks for the optimised backends).
+
+The model drives a backend in a fixed order, and a backend may rely on it:
+
+1. :meth:`Backend.prepare` once, with the weight source, before any weight
+   is loaded (the backend learns the source's RoPE layout here);
+2. ``load_*`` for every weight;
+3. per forward step, :meth:`Backend.begin_step` with the step's token count,
+   then the step's operations.
+
+Activations and KV-cache storage live in the backend's array module
+:attr:`Backend.xp` (NumPy for the CPU backends; CuPy for a GPU backend), so
+caches allocate through it and the model never assumes NumPy arrays.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable
+from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -16,38 +29,53 @@ import numpy as np
 from ..sampling import Sampler, SamplingParams
 
 if TYPE_CHECKING:
-    from ..formats.gguf import GGUFFile
+    from ..formats.source import WeightSource
 
 
 class Backend(ABC):
     """Operations of a Llama forward pass; one subclass per way of computing them."""
 
     name: str = "abstract"
+    #: the array module activations and caches live in (``numpy``, or ``cupy`` on a GPU)
+    xp: ModuleType = np
+    #: "interleaved" (GGUF, llama.cpp) or "half" (Hugging Face layout): set by :meth:`prepare`
+    rope_layout: str = "interleaved"
+    #: token counts of one forward step that, run once each, reach every kernel this
+    #: backend compiles (``LlamaModel.warm_up``); empty for a backend that compiles nothing
+    warm_up_sizes: tuple[int, ...] = ()
+
+    def prepare(self, source: WeightSource) -> None:
+        """Called once by the model before it loads any weight of ``source``."""
+        from ..formats.source import ROPE_LAYOUTS
+
+        if source.rope_layout not in ROPE_LAYOUTS:
+            raise ValueError(f"{source.path}: unknown RoPE layout {source.rope_layout!r} (known: {ROPE_LAYOUTS})")
+        self.rope_layout = source.rope_layout
+
+    def begin_step(self, n_tokens: int) -> None:
+        """Called by the model at the start of every forward step of ``n_tokens`` tokens
+        (all sequences of a batch together). A backend may choose the step's kernels here."""
+        return None
 
     @abstractmethod
-    def load_matrix(self, gguf: GGUFFile, name: str) -> Any:
+    def load_matrix(self, source: WeightSource, name: str) -> Any:
         """Prepare weight matrix ``name`` ``[out, in]`` for :meth:`matmul` and :meth:`embed`."""
 
-    def load_matrices(self, gguf: GGUFFile, names: list[str]) -> list[Any]:
+    def load_matrices(self, source: WeightSource, names: list[str]) -> list[Any]:
         """Several matrices that always multiply the same input (Q, K and V; gate and up).
 
         A backend may store them as one matrix so that :meth:`matmul_many`
         makes one pass (one kernel launch) instead of several.
         """
-        return [self.load_matrix(gguf, name) for name in names]
+        return [self.load_matrix(source, name) for name in names]
 
     def matmul_many(self, x: np.ndarray, ws: list[Any]) -> list[np.ndarray]:
         """``[x @ W.T for W in ws]`` for matrices loaded together by :meth:`load_matrices`."""
         return [self.matmul(x, w) for w in ws]
 
-    #: "interleaved" (GGUF, llama.cpp) or "half" (Hugging Face layout): which dimensions RoPE pairs
-    rope_layout: str = "interleaved"
-
-    def load_vector(self, gguf: GGUFFile, name: str) -> np.ndarray:
+    def load_vector(self, source: WeightSource, name: str) -> np.ndarray:
         """A 1-D float32 weight (norm scales)."""
-        from ..quant import load_float32
-
-        return np.ascontiguousarray(load_float32(gguf, name), dtype=np.float32)
+        return np.ascontiguousarray(source.float32(name), dtype=np.float32)
 
     @abstractmethod
     def embed(self, table: Any, ids: np.ndarray) -> np.ndarray:

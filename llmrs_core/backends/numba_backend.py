@@ -28,12 +28,11 @@ from ..kernels.cpu import matmul as kmatmul
 from ..kernels.cpu import ops
 from ..kernels.cpu.packing import PackedMatrix, fuse, pack_float, pack_raw
 from ..kernels.cpu.threads import BlasThreads, describe, set_threads
-from ..quant import load_float32
 from ..rope import rope_frequencies
 from .base import Backend
 
 if TYPE_CHECKING:
-    from ..formats.gguf import GGUFFile
+    from ..formats.source import WeightSource
 
 
 @njit(parallel=True, cache=True)
@@ -59,6 +58,8 @@ def _embed_q4(qs, d, m, ids, out):
 
 class NumbaBackend(Backend):
     name = "numba"
+    #: one decode token (matvec kernels), a small batch (tile kernels), a long prompt (BLAS)
+    warm_up_sizes = (1, kmatmul.SMALL_BATCH, kmatmul.SMALL_BATCH + 1)
 
     def __init__(self, threads: int | None = None):
         self.threads = set_threads(threads)
@@ -66,19 +67,24 @@ class NumbaBackend(Backend):
         self.blas.set(1)
         self._freqs: dict[tuple[int, float], np.ndarray] = {}
         self._scratch = np.empty(0, np.float32)  # dequantised band for BLAS, reused across calls
-        self._blas_step = False
+        self._blas_step = False  # set by begin_step: this step's products go through BLAS
 
-    def load_matrix(self, gguf: GGUFFile, name: str) -> PackedMatrix:
-        info = gguf.tensors[name]
-        ggml_type = getattr(info, "ggml_type", None)
-        if ggml_type is not None and hasattr(gguf, "tensor_bytes") and len(info.shape) == 2:
-            packed = pack_raw(gguf.tensor_bytes(name), ggml_type, info.shape)
+    def begin_step(self, n_tokens: int) -> None:
+        # The step's size decides the mode of the whole step: its products (see matmul)
+        # and its attention, which must not start Numba threads between BLAS calls.
+        self._blas_step = n_tokens > kmatmul.SMALL_BATCH
+
+    def load_matrix(self, source: WeightSource, name: str) -> PackedMatrix:
+        shape = source.tensors[name].shape
+        stored = source.blocks(name)
+        if stored is not None and len(shape) == 2:
+            packed = pack_raw(stored[0], stored[1], shape)
             if packed is not None:
                 return packed
-        return pack_float(load_float32(gguf, name), getattr(ggml_type, "name", "float"))
+        return pack_float(source.float32(name), source.tensors[name].type_name)
 
-    def load_matrices(self, gguf: GGUFFile, names: list[str]) -> list[PackedMatrix]:
-        parts = [self.load_matrix(gguf, name) for name in names]
+    def load_matrices(self, source: WeightSource, names: list[str]) -> list[PackedMatrix]:
+        parts = [self.load_matrix(source, name) for name in names]
         return fuse(parts) or parts
 
     def matmul_many(self, x: np.ndarray, ws: list[PackedMatrix]) -> list[np.ndarray]:
@@ -108,10 +114,7 @@ class NumbaBackend(Backend):
         # this backend: put ours back if another backend or thread changed it.
         if numba.get_num_threads() != self.threads:
             numba.set_num_threads(self.threads)
-        # The step's size decides the mode of the whole step (see attention): the
-        # products of Q/K/V come first in every block.
-        self._blas_step = x.shape[0] > kmatmul.SMALL_BATCH
-        if not self._blas_step and w.kind != "f32":
+        if x.shape[0] <= kmatmul.SMALL_BATCH and w.kind != "f32":
             return kmatmul.matmul(x, w)
         size = kmatmul.BAND_ROWS * w.cols
         if self._scratch.size < size:

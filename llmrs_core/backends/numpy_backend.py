@@ -12,18 +12,17 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from .. import attention, layers, rope
-from ..quant import load_float32
 from .base import Backend
 
 if TYPE_CHECKING:
-    from ..formats.gguf import GGUFFile
+    from ..formats.source import WeightSource
 
 
 class NumpyBackend(Backend):
     name = "numpy"
 
-    def load_matrix(self, gguf: GGUFFile, name: str) -> np.ndarray:
-        return np.ascontiguousarray(load_float32(gguf, name), dtype=np.float32)
+    def load_matrix(self, source: WeightSource, name: str) -> np.ndarray:
+        return np.ascontiguousarray(source.float32(name), dtype=np.float32)
 
     def embed(self, table: np.ndarray, ids: np.ndarray) -> np.ndarray:
         return layers.embedding(ids, table)

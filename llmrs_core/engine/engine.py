@@ -16,27 +16,47 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
-from ..generate import Completion, StopStringFilter
+from ..generate import Completion
 from ..kv_cache.paged import PagedKVCache
 from ..model import LlamaModel
-from ..sampling import Sampler, SamplingParams
+from ..output import OutputStream
+from ..sampling import SamplingParams
 from ..tokenizer import Tokenizer
+from ..validation import check_max_tokens, normalise_stop, prompt_ids
 from .radix_cache import RadixCache
 from .scheduler import Request, RequestRejected, RequestStatus, Scheduler
 
 
 @dataclass
-class _Progress:
+class RequestMetrics:
+    """When things happened to one request (``time.perf_counter()`` seconds).
+
+    ``token_times`` has one entry per sampled token, the first of which is
+    ``first_token_time``; ``ttft`` is the time to first token and ``itl`` the
+    inter-token latencies, as vLLM's benchmarks define them.
+    """
+
+    arrival_time: float
+    first_token_time: float | None = None
+    token_times: list[float] = field(default_factory=list)
+    finished_time: float | None = None
+
+    @property
+    def ttft(self) -> float | None:
+        return None if self.first_token_time is None else self.first_token_time - self.arrival_time
+
+    @property
+    def itl(self) -> list[float]:
+        return [b - a for a, b in zip(self.token_times, self.token_times[1:])]
+
+
+@dataclass
+class _RequestState:
     """Per-request generation state the scheduler does not need to know about."""
 
     sampler: Callable[..., int]
-    stop_ids: frozenset[int]
-    decoder: object
-    stops: StopStringFilter
-    text: list[str] = field(default_factory=list)
-    arrival_time: float = 0.0
-    first_token_time: float | None = None
-    token_times: list[float] = field(default_factory=list)
+    stream: OutputStream
+    metrics: RequestMetrics
 
 
 @dataclass(frozen=True)
@@ -48,6 +68,8 @@ class RequestOutput:
     new_text: str
     finished: bool
     finish_reason: str | None
+    #: why the request failed, for finish reason "error"
+    error: str | None = None
 
 
 class Engine:
@@ -62,12 +84,18 @@ class Engine:
         prefix_caching: reuse the KV blocks of shared prompt prefixes (radix tree).
         scheduler_class, prefix_cache_class: other implementations with the same
             interface — chapter 7's exercises plug yours in here.
+
+    Each request samples with the sampler the model's backend makes for its
+    parameters (``backend.sampler``: the learner backend's is the learner's),
+    and turns tokens into text through its own
+    :class:`~llmrs_core.output.OutputStream`, as ``model.generate`` does. The
+    KV pool lives in the backend's array module.
     """
 
     def __init__(
         self,
         model: LlamaModel,
-        tokenizer: Tokenizer,
+        tokenizer: Tokenizer | None,
         num_blocks: int = 512,
         block_size: int = 16,
         max_num_seqs: int = 16,
@@ -79,10 +107,12 @@ class Engine:
     ):
         self.model = model
         self.tokenizer = tokenizer
-        self.cache = PagedKVCache(model.config, num_blocks=num_blocks, block_size=block_size)
+        self.cache = PagedKVCache(model.config, num_blocks=num_blocks, block_size=block_size, xp=model.backend.xp)
+        self.make_sampler: Callable[[SamplingParams], Callable[..., int]] = model.backend.sampler
         self.prefix_cache = prefix_cache_class(self.cache.allocator, block_size) if prefix_caching else None
         self.scheduler = scheduler_class(self.cache, max_num_seqs, max_num_batched_tokens, policy, self.prefix_cache)
         self.requests: dict[str, Request] = {}
+        self._states: dict[str, _RequestState] = {}
         self._ids = itertools.count()
         self.steps = 0
 
@@ -94,39 +124,55 @@ class Engine:
         max_tokens: int = 128,
         sampling: SamplingParams | None = None,
         stop: Sequence[str] = (),
-        stop_token_ids: Sequence[int] = (),
+        stop_token_ids: Sequence[int] | None = None,
         priority: int = 0,
         request_id: str | None = None,
         ignore_eos: bool = False,
+        allow_special: bool = False,
     ) -> str:
-        """Queue a request; returns its id. Raises ``RequestRejected`` if it can never run.
+        """Queue a request; returns its id. Raises ``RequestRejected`` (a ``ValueError``
+        naming the problem) if it is malformed or can never run: nothing is queued then.
 
-        ``ignore_eos`` generates exactly ``max_tokens`` (for benchmarks).
+        A text prompt is encoded as ordinary text (special tokens in it stay text)
+        unless ``allow_special``; token ids are checked against the vocabulary
+        here, so that a bad id fails its own request, not every later step.
+        ``stop_token_ids`` end the request (default: the tokenizer's end-of-turn
+        tokens, ``Tokenizer.stop_token_ids``); ``ignore_eos`` ignores them all and
+        generates exactly ``max_tokens`` (for benchmarks).
         """
-        ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else [int(i) for i in prompt]
-        if not ids:
-            raise RequestRejected("the prompt is empty: give at least one token")
-        if max_tokens < 1:
-            raise RequestRejected(f"max_tokens must be >= 1, got {max_tokens}")
-        limit = self.model.config.context_length
-        if len(ids) + max_tokens > limit:
-            raise RequestRejected(
-                f"prompt ({len(ids)} tokens) + max_tokens ({max_tokens}) exceeds the context length {limit}"
-            )
+        c = self.model.config
+        try:
+            max_tokens = check_max_tokens(max_tokens)
+            stop = normalise_stop(stop)
+            ids = prompt_ids(prompt, self.tokenizer, c.vocab_size, c.context_length, max_tokens, allow_special)
+            sampling = sampling if sampling is not None else SamplingParams()
+            if not isinstance(sampling, SamplingParams):
+                raise ValueError(f"sampling must be SamplingParams, got {type(sampling).__name__}")
+        except RequestRejected:
+            raise
+        except ValueError as e:
+            raise RequestRejected(str(e)) from None
         rid = request_id or f"req-{next(self._ids)}"
         if rid in self.requests and not self.requests[rid].finished:
             raise ValueError(f"a request with id {rid!r} is already in flight")
         request = Request(rid, ids, max_tokens, priority)
-        stop_ids = set(stop_token_ids)
-        if self.tokenizer.eos_token_id is not None and not ignore_eos:
-            stop_ids.add(self.tokenizer.eos_token_id)
-        request.state = _Progress(
-            sampler=Sampler(sampling), stop_ids=frozenset(stop_ids),
-            decoder=self.tokenizer.stream_decoder(skip_special=True), stops=StopStringFilter(stop),
-            arrival_time=time.perf_counter(),
+        tok = self.tokenizer
+        if ignore_eos:
+            stop_ids: set[int] = set()
+        elif stop_token_ids is not None:
+            stop_ids = set(stop_token_ids)
+        else:
+            stop_ids = set(tok.stop_token_ids) if tok is not None else set()
+        if tok is not None and tok.eos_token_id is not None and not ignore_eos:
+            stop_ids.add(tok.eos_token_id)
+        state = _RequestState(
+            sampler=self.make_sampler(sampling),
+            stream=OutputStream(self.tokenizer, max_tokens, stop, stop_ids),
+            metrics=RequestMetrics(arrival_time=time.perf_counter()),
         )
         self.scheduler.add(request)
         self.requests[rid] = request
+        self._states[rid] = state
         return rid
 
     def abort(self, request_id: str) -> None:
@@ -134,11 +180,19 @@ class Engine:
         request = self.requests.get(request_id)
         if request is not None and not request.finished:
             self.scheduler.abort(request)
+            state = self._states[request_id]
+            state.stream.abort()
+            state.metrics.finished_time = time.perf_counter()
 
     # -- the loop --------------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
-        """One scheduler iteration, one batched forward pass; outputs of requests that advanced."""
+        """One scheduler iteration, one batched forward pass; outputs of requests that advanced.
+
+        A request that makes the step fail (its forward pass or its sampler raises)
+        fails alone: it finishes with reason ``"error"`` and the message (with its
+        id) in its output, its blocks are freed, and the other requests go on.
+        """
         chunks = self.scheduler.schedule()
         if not chunks:
             return []
@@ -148,43 +202,72 @@ class Engine:
             r = chunk.request
             batch.append((r.all_ids[r.num_computed : r.num_computed + chunk.n_tokens],
                           self.cache.sequence(r.request_id)))
-        logits = self.model.forward_batch(batch, last_only=True)
+        results = self._forward_isolated(batch)
         now = time.perf_counter()
         outputs = []
-        for chunk, lg in zip(chunks, logits):
+        for chunk, result in zip(chunks, results):
             r = chunk.request
+            if isinstance(result, Exception):
+                outputs.append(self._fail(r, "its forward pass", result, now))
+                continue
             before = r.num_computed
             r.num_computed += chunk.n_tokens
             if before < len(r.prompt_ids) <= r.num_computed:
                 self.scheduler.cache_prompt(r)  # later arrivals can share this prompt already
             if r.num_computed < r.num_tokens:
                 continue  # a prefill chunk that has not reached the end of the prompt yet
-            outputs.append(self._advance(r, lg[0], now))
+            try:
+                token = self._states[r.request_id].sampler(result[0], r.all_ids)
+            except Exception as e:  # a sampler (the learner's, say) that raises fails its request only
+                outputs.append(self._fail(r, "sampling", e, now))
+                continue
+            outputs.append(self._advance(r, token, now))
         return outputs
 
-    def _advance(self, r: Request, logits, now: float) -> RequestOutput:
-        p: _Progress = r.state
-        token = p.sampler(logits, r.all_ids)
-        if p.first_token_time is None:
-            p.first_token_time = now
-        p.token_times.append(now)
-        if token in p.stop_ids:
-            self.scheduler.finish(r, "stop")
-            tail = p.stops.feed(p.decoder.flush()) + p.stops.flush()
-            p.text.append(tail)
-            return RequestOutput(r.request_id, [], tail, True, "stop")
-        r.output_ids.append(token)
-        piece = p.stops.feed(p.decoder.add(token))
-        finished, reason = False, None
-        if p.stops.hit is not None:
-            finished, reason = True, "stop"
-        elif len(r.output_ids) >= r.max_tokens:
-            finished, reason = True, "length"
-            piece += p.stops.feed(p.decoder.flush()) + p.stops.flush()
-        p.text.append(piece)
-        if finished:
-            self.scheduler.finish(r, reason)
-        return RequestOutput(r.request_id, [token], piece, finished, reason)
+    def _forward_isolated(self, batch: list) -> list:
+        """Logits for each sequence of ``batch``, or the exception that sequence raised.
+
+        The batch runs as one forward pass; only if that raises is each sequence
+        run alone, to find which one fails (a failed pass advanced no cache, and
+        rewriting the same positions is harmless).
+        """
+        try:
+            return self.model.forward_batch(batch, last_only=True)
+        except Exception as e:
+            if len(batch) == 1:
+                return [e]
+        results: list = []
+        for item in batch:
+            try:
+                results.append(self.model.forward_batch([item], last_only=True)[0])
+            except Exception as e:
+                results.append(e)
+        return results
+
+    def _advance(self, r: Request, token: int, now: float) -> RequestOutput:
+        """Feed ``r``'s new token to its output stream; finish it if that ended it."""
+        state = self._states[r.request_id]
+        if state.metrics.first_token_time is None:
+            state.metrics.first_token_time = now
+        state.metrics.token_times.append(now)
+        stream = state.stream
+        before = len(stream.token_ids)
+        delta, finish = stream.feed(token)
+        new_ids = stream.token_ids[before:]  # empty for an end-of-turn token
+        r.output_ids.extend(new_ids)
+        if finish is not None:
+            self.scheduler.finish(r, finish)
+            state.metrics.finished_time = now
+        return RequestOutput(r.request_id, new_ids, delta, finish is not None, finish)
+
+    def _fail(self, r: Request, where: str, error: Exception, now: float) -> RequestOutput:
+        message = f"request {r.request_id!r} failed in {where}: {type(error).__name__}: {error}"
+        state = self._states[r.request_id]
+        self.scheduler.abort(r)  # frees its blocks; none go to the prefix cache
+        r.finish_reason = "error"
+        delta = state.stream.fail(message)
+        state.metrics.finished_time = now
+        return RequestOutput(r.request_id, [], delta, True, "error", error=message)
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_work
@@ -200,22 +283,37 @@ class Engine:
     def completion(self, request_id: str) -> Completion:
         """The result of a finished request, as ``model.generate`` returns it."""
         r = self.requests[request_id]
-        p: _Progress = r.state
-        first = (p.first_token_time - p.arrival_time) if p.first_token_time else 0.0
-        decode = (p.token_times[-1] - p.token_times[0]) if len(p.token_times) > 1 else 0.0
+        state = self._states[request_id]
+        m = state.metrics
+        decode = (m.token_times[-1] - m.token_times[0]) if len(m.token_times) > 1 else 0.0
         return Completion(
-            token_ids=list(r.output_ids), text="".join(p.text), finish_reason=r.finish_reason or "abort",
-            prompt_tokens=len(r.prompt_ids), prefill_seconds=first, decode_seconds=decode,
+            token_ids=list(r.output_ids), text=state.stream.text, finish_reason=r.finish_reason or "abort",
+            prompt_tokens=len(r.prompt_ids), prefill_seconds=m.ttft or 0.0, decode_seconds=decode,
+            stop_reason=state.stream.stop_reason, error=state.stream.error,
         )
+
+    def request_metrics(self, request_id: str) -> RequestMetrics:
+        """Arrival, first-token and per-token times of a request (``KeyError`` if unknown)."""
+        try:
+            return self._states[request_id].metrics
+        except KeyError:
+            raise KeyError(f"no request {request_id!r} in this engine") from None
 
     def generate(
         self, prompts: Sequence[str | Sequence[int]], max_tokens: int = 128,
-        sampling: SamplingParams | None = None, stop: Sequence[str] = (), stop_token_ids: Sequence[int] = (),
+        sampling: SamplingParams | None = None, stop: Sequence[str] = (),
+        stop_token_ids: Sequence[int] | None = None,
+        on_text: Callable[[int, str], None] | None = None,
     ) -> list[Completion]:
-        """Run ``prompts`` together to completion; one Completion per prompt, in order."""
+        """Run ``prompts`` together to completion; one Completion per prompt, in order.
+
+        ``on_text(i, text)`` receives prompt ``i``'s text pieces as they become final.
+        """
         ids = [self.add_request(p, max_tokens, sampling, stop, stop_token_ids) for p in prompts]
-        for _ in self.run():
-            pass
+        index = {rid: i for i, rid in enumerate(ids)}
+        for out in self.run():
+            if on_text is not None and out.new_text:
+                on_text(index[out.request_id], out.new_text)
         return [self.completion(i) for i in ids]
 
     def stats(self) -> dict[str, float]:
@@ -230,4 +328,4 @@ class Engine:
         }
 
 
-__all__ = ["Engine", "RequestOutput", "RequestRejected", "RequestStatus"]
+__all__ = ["Engine", "RequestMetrics", "RequestOutput", "RequestRejected", "RequestStatus"]

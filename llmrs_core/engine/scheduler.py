@@ -21,7 +21,6 @@ from __future__ import annotations
 import enum
 import itertools
 from dataclasses import dataclass, field
-from typing import Any
 
 from ..kv_cache.paged import OutOfBlocksError, PagedKVCache
 from .radix_cache import RadixCache, RadixNode
@@ -61,7 +60,6 @@ class Request:
     finish_reason: str | None = None
     num_preemptions: int = 0
     prefix_node: RadixNode | None = None
-    state: Any = None  # the engine's per-request sampler and detokeniser
 
     @property
     def all_ids(self) -> list[int]:

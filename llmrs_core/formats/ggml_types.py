@@ -5,6 +5,11 @@ chapter 6 (quantisation). Each type stores ``block_size`` consecutive
 elements of a row in ``type_size`` bytes, so a row of ``n`` elements takes
 ``n // block_size * type_size`` bytes. Numbers follow ggml's ``ggml.h`` /
 ``ggml.c`` type traits.
+
+This module is the bottom of the stack (the GGUF reader and ``config``
+import it) and so depends on nothing else in the engine. The functions that
+decode and encode each type live in :mod:`llmrs_core.quant.registry`, keyed
+by the same enum.
 """
 
 from __future__ import annotations
@@ -40,27 +45,29 @@ class GGMLType(enum.IntEnum):
 
 @dataclass(frozen=True)
 class TypeTraits:
-    """How a ggml type packs elements: ``block_size`` elements in ``type_size`` bytes."""
+    """How a ggml type packs elements: ``block_size`` elements in ``type_size`` bytes.
+
+    ``dtype`` is the NumPy element dtype (little-endian) of a plain element
+    type, whose bytes a NumPy view reads as they are; None for the block
+    formats and for BF16 (NumPy has no bfloat16).
+    """
 
     block_size: int
     type_size: int
-
-    @property
-    def bytes_per_weight(self) -> float:
-        return self.type_size / self.block_size
+    dtype: str | None = None
 
 
 QK_K = 256  # elements in one K-quant super-block
 
 TYPE_TRAITS: dict[GGMLType, TypeTraits] = {
-    GGMLType.F32: TypeTraits(1, 4),
-    GGMLType.F16: TypeTraits(1, 2),
-    GGMLType.BF16: TypeTraits(1, 2),
-    GGMLType.F64: TypeTraits(1, 8),
-    GGMLType.I8: TypeTraits(1, 1),
-    GGMLType.I16: TypeTraits(1, 2),
-    GGMLType.I32: TypeTraits(1, 4),
-    GGMLType.I64: TypeTraits(1, 8),
+    GGMLType.F32: TypeTraits(1, 4, "<f4"),
+    GGMLType.F16: TypeTraits(1, 2, "<f2"),
+    GGMLType.BF16: TypeTraits(1, 2),  # no NumPy dtype
+    GGMLType.F64: TypeTraits(1, 8, "<f8"),
+    GGMLType.I8: TypeTraits(1, 1, "i1"),
+    GGMLType.I16: TypeTraits(1, 2, "<i2"),
+    GGMLType.I32: TypeTraits(1, 4, "<i4"),
+    GGMLType.I64: TypeTraits(1, 8, "<i8"),
     GGMLType.Q4_0: TypeTraits(32, 2 + 16),  # fp16 d, 32 nibbles
     GGMLType.Q4_1: TypeTraits(32, 2 + 2 + 16),  # fp16 d, fp16 m, 32 nibbles
     GGMLType.Q5_0: TypeTraits(32, 2 + 4 + 16),  # fp16 d, 32 high bits, nibbles

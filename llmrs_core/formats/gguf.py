@@ -23,6 +23,7 @@ allocation: every count is checked against the bytes actually left.
 from __future__ import annotations
 
 import enum
+import functools
 import itertools
 import mmap
 import os
@@ -30,11 +31,16 @@ import struct
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .ggml_types import GGMLType, tensor_nbytes, type_traits
+from .ggml_types import TYPE_TRAITS, GGMLType, tensor_nbytes, type_traits
+from .source import WeightSource
+
+if TYPE_CHECKING:
+    from ..config import ModelConfig
+    from ..tokenizer import Tokenizer
 
 GGUF_MAGIC = b"GGUF"
 DEFAULT_ALIGNMENT = 32
@@ -224,13 +230,17 @@ def read_value(cur: ByteCursor, vtype: GGUFValueType, what: str, depth: int = 0)
     return GGUFField(items, vtype, etype)
 
 
-class GGUFFile:
+class GGUFFile(WeightSource):
     """A parsed GGUF file: metadata, tensor infos and memory-mapped tensor data.
 
     Use :func:`read_gguf` to open one. ``metadata`` maps keys to Python values
     (arrays become lists); ``fields`` keeps the stored types too; ``tensors``
-    maps names to :class:`GGUFTensorInfo` in file order.
+    maps names to :class:`GGUFTensorInfo` in file order. As a
+    :class:`~llmrs_core.formats.source.WeightSource` its weights are in
+    llama.cpp's interleaved RoPE order.
     """
+
+    rope_layout = "interleaved"
 
     def __init__(self, path: str | os.PathLike[str]):
         self.path = Path(path)
@@ -366,21 +376,56 @@ class GGUFFile:
         ``quant`` module (chapter 6) to dequantise them.
         """
         info = self.tensor_info(name)
-        dtypes = {
-            GGMLType.F32: "<f4",
-            GGMLType.F16: "<f2",
-            GGMLType.F64: "<f8",
-            GGMLType.I8: "i1",
-            GGMLType.I16: "<i2",
-            GGMLType.I32: "<i4",
-            GGMLType.I64: "<i8",
-        }
-        if info.ggml_type not in dtypes:
+        traits = type_traits(info.ggml_type)
+        if traits.dtype is None:
+            kind = "a block format" if traits.block_size > 1 else "without a NumPy dtype"
+            plain = ", ".join(t.name for t, tr in TYPE_TRAITS.items() if tr.dtype)
             raise TypeError(
-                f"tensor {name!r} is {info.ggml_type.name}, a block format; read it with "
-                "tensor_bytes() and dequantise it"
+                f"tensor {name!r} is {info.ggml_type.name}, {kind}; read it with tensor_bytes() and "
+                f"dequantise it (tensor_array reads {plain})"
             )
-        return self.tensor_bytes(name).view(dtypes[info.ggml_type]).reshape(info.shape)
+        return self.tensor_bytes(name).view(traits.dtype).reshape(info.shape)
+
+    # -- the weight-source interface ----------------------------------------
+
+    @functools.cached_property
+    def config(self) -> ModelConfig:
+        """The architecture from the metadata (``ConfigError`` naming the missing key).
+
+        Checked first: ``general.architecture`` is one the engine implements; and
+        the tokenizer's vocabulary has one embedding row per token (else a
+        generated id would have no text, or a token no embedding).
+        """
+        from ..config import ConfigError, ModelConfig, check_architecture
+
+        check_architecture(self.metadata.get("general.architecture"), self.path)
+        config = ModelConfig.from_gguf(self)
+        tokens = self.metadata.get("tokenizer.ggml.tokens")
+        if tokens is not None and len(tokens) != config.vocab_size:
+            raise ConfigError(
+                f"{self.path}: the tokenizer has {len(tokens):,} tokens but the model's vocabulary is "
+                f"{config.vocab_size:,} (its embedding rows): the file's tokenizer does not belong to its weights"
+            )
+        return config
+
+    def float32(self, name: str) -> np.ndarray:
+        """Tensor ``name`` dequantised to float32 of its NumPy shape."""
+        from ..quant.dequant import dequantize
+
+        info = self.tensor_info(name)
+        return dequantize(self.tensor_bytes(name), info.ggml_type, info.shape)
+
+    def blocks(self, name: str) -> tuple[np.ndarray, GGMLType]:
+        """The stored bytes of ``name`` (no copy) and its ggml type."""
+        return self.tensor_bytes(name), self.tensor_info(name).ggml_type
+
+    def tokenizer(self) -> Tokenizer | None:
+        """The tokenizer in the ``tokenizer.*`` metadata, or ``None`` if there is none."""
+        from ..tokenizer import Tokenizer
+
+        if "tokenizer.ggml.model" not in self.metadata:
+            return None
+        return Tokenizer.from_gguf(self)
 
     def tensor_info(self, name: str) -> GGUFTensorInfo:
         """The info of tensor ``name``; ``KeyError`` naming it and the file if absent."""
@@ -527,13 +572,12 @@ def write_gguf(
         head.append(struct.pack(f"<I{len(ne)}QIQ", len(ne), *ne, t.ggml_type, offset))
         offset += -(-len(t.data) // alignment) * alignment
 
-    path = Path(path)
-    tmp = path.with_name(path.name + ".partial")
-    with open(tmp, "wb") as f:
+    from ..files import atomic_write
+
+    with atomic_write(path) as f:
         header = b"".join(head)
         f.write(header)
         f.write(b"\0" * (-len(header) % alignment))
         for _, t in prepared:
             f.write(t.data)
             f.write(b"\0" * (-len(t.data) % alignment))
-    os.replace(tmp, path)

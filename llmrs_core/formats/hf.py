@@ -25,12 +25,17 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..config import ModelConfig
+from ..config import ModelConfig, check_architecture
 from ..rope import permute_for_interleaved, unpermute_from_interleaved
 from .safetensors import SafetensorsFile, read_safetensors, write_safetensors
+from .source import WeightSource
+
+if TYPE_CHECKING:
+    from ..tokenizer import Tokenizer
 
 # (Hugging Face pattern, GGUF pattern); {i} is the layer number
 NAME_MAP = [
@@ -80,7 +85,7 @@ class TensorShape:
         return int(np.prod(self.shape)) if self.shape else 1
 
 
-class HFWeights:
+class HFWeights(WeightSource):
     """A Hugging Face Llama directory seen as a weight source in GGUF names (float32).
 
     Attributes: ``path``, ``config`` (from config.json), ``tensors`` (GGUF name
@@ -93,9 +98,13 @@ class HFWeights:
         if not config_path.exists():
             raise FileNotFoundError(f"{self.path} has no config.json: not a Hugging Face model directory")
         try:
-            self.config = ModelConfig.from_hf_config(json.loads(config_path.read_text()))
+            raw_config = json.loads(config_path.read_text())
         except json.JSONDecodeError as e:
             raise ValueError(f"{config_path}: not valid JSON ({e})") from None
+        if not isinstance(raw_config, dict):
+            raise ValueError(f"{config_path}: expected a JSON object, got {type(raw_config).__name__}")
+        check_architecture(raw_config.get("model_type", "llama"), config_path)
+        self._config = ModelConfig.from_hf_config(raw_config)
         self.rope_layout = "interleaved" if permute_qk else "half"
         self._files: list[SafetensorsFile] = []
         self._where: dict[str, tuple[SafetensorsFile, str]] = {}
@@ -120,6 +129,19 @@ class HFWeights:
         }
         self.file_size = sum((self.path / shard).stat().st_size for shard in shards)
         self.metadata = {"general.name": self.path.name}
+
+    @property
+    def config(self) -> ModelConfig:
+        """The architecture, from ``config.json``."""
+        return self._config
+
+    def tokenizer(self) -> Tokenizer | None:
+        """The directory's ``tokenizer.json``, or ``None`` if it has none."""
+        from ..tokenizer import Tokenizer
+
+        if not (self.path / "tokenizer.json").exists():
+            return None
+        return Tokenizer.from_hf_dir(self.path)
 
     def float32(self, name: str) -> np.ndarray:
         """Tensor ``name`` (GGUF naming) as float32, W_q/W_k rows permuted for interleaved RoPE if asked."""

@@ -190,11 +190,10 @@ def write_safetensors(
         blobs.append(blob)
     raw = json.dumps(header, separators=(",", ":")).encode("utf-8")
     raw += b" " * (-len(raw) % 8)
-    path = Path(path)
-    tmp = path.with_name(path.name + ".partial")
-    with open(tmp, "wb") as f:
+    from ..files import atomic_write
+
+    with atomic_write(path) as f:
         f.write(struct.pack("<Q", len(raw)))
         f.write(raw)
         for blob in blobs:
             f.write(blob)
-    os.replace(tmp, path)

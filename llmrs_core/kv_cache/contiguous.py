@@ -8,29 +8,38 @@ head, so a head's keys are read in order by the attention of one query.
 
 from __future__ import annotations
 
+from types import ModuleType
+
 import numpy as np
 
 from ..config import ModelConfig
+from ..memory import check_host_allocation
+from .base import KVCache
 
 
 class CacheFullError(RuntimeError):
     """The sequence would grow past the cache's ``max_tokens``."""
 
 
-class ContiguousKVCache:
+class ContiguousKVCache(KVCache):
     """Preallocated K and V for one sequence: ``k[layer]`` is ``[Hkv, max_tokens, D]`` float32.
 
     The model writes a layer's new K/V with :meth:`write` and reads all of
     them with :meth:`view`; after every layer is done it calls
     :meth:`advance`, so ``length`` is the number of cached positions.
+    ``xp`` is the array module the storage lives in (the backend's: NumPy, or
+    CuPy for a GPU backend).
     """
 
-    def __init__(self, config: ModelConfig, max_tokens: int, dtype: type = np.float32):
+    def __init__(self, config: ModelConfig, max_tokens: int, dtype: type = np.float32, xp: ModuleType = np):
         if max_tokens <= 0:
             raise ValueError(f"max_tokens must be positive, got {max_tokens}")
         shape = (config.n_layers, config.n_kv_heads, max_tokens, config.head_dim)
-        self.k = np.zeros(shape, dtype=dtype)
-        self.v = np.zeros(shape, dtype=dtype)
+        if xp is np:  # a GPU backend's array module checks its own memory
+            nbytes = 2 * int(np.prod(shape, dtype=np.float64)) * np.dtype(dtype).itemsize
+            check_host_allocation(nbytes, f"a KV cache of {max_tokens:,} tokens")
+        self.k = xp.zeros(shape, dtype=dtype)
+        self.v = xp.zeros(shape, dtype=dtype)
         self.max_tokens = max_tokens
         self.length = 0
 

@@ -20,22 +20,25 @@ Both keep ``[budget, Hkv, D]`` per layer and compact after each step.
 
 from __future__ import annotations
 
+from types import ModuleType
+
 import numpy as np
 
 from ..config import ModelConfig
+from .base import KVCache
 
 
-class _BoundedCache:
-    rerotates_keys = False
+class _BoundedCache(KVCache):
+    """``n_sink`` first tokens and the last ``window``; the eviction happens in :meth:`advance`."""
 
-    def __init__(self, config: ModelConfig, n_sink: int, window: int):
+    def __init__(self, config: ModelConfig, n_sink: int, window: int, xp: ModuleType = np):
         if window <= 0 or n_sink < 0:
             raise ValueError(f"window must be positive and n_sink >= 0, got {window}, {n_sink}")
         self.n_sink, self.window = n_sink, window
         self.budget = n_sink + window
         shape = (config.n_layers, self.budget + window, config.n_kv_heads, config.head_dim)
-        self.k = np.zeros(shape, dtype=np.float32)
-        self.v = np.zeros(shape, dtype=np.float32)
+        self.k = xp.zeros(shape, dtype=np.float32)
+        self.v = xp.zeros(shape, dtype=np.float32)
         self.kept = 0  # tokens in the cache
         self.length = 0  # tokens seen in the stream (absolute position of the next one)
         self.evicted = 0
@@ -65,30 +68,27 @@ class _BoundedCache:
             self.kept -= excess
             self.evicted += excess
 
-    def positions(self, n_new: int) -> np.ndarray:
-        """Positions of the next ``n_new`` tokens (absolute in the text)."""
-        return np.arange(self.length, self.length + n_new)
-
 
 class SlidingWindowCache(_BoundedCache):
-    """Keep the last ``window`` tokens; keys keep their absolute-position rotation."""
+    """Keep the last ``window`` tokens; keys keep their absolute-position rotation
+    (the default :meth:`~KVCache.positions`: absolute in the text)."""
 
-    def __init__(self, config: ModelConfig, window: int):
-        super().__init__(config, 0, window)
+    def __init__(self, config: ModelConfig, window: int, xp: ModuleType = np):
+        super().__init__(config, 0, window, xp)
 
 
 class SinkCache(_BoundedCache):
     """Keep the first ``n_sink`` tokens and the last ``window``; RoPE positions within the cache."""
 
-    rerotates_keys = True
+    stores_unrotated_keys = True
 
-    def __init__(self, config: ModelConfig, n_sink: int = 4, window: int = 256):
-        super().__init__(config, n_sink, window)
+    def __init__(self, config: ModelConfig, n_sink: int = 4, window: int = 256, xp: ModuleType = np):
+        super().__init__(config, n_sink, window, xp)
 
     def positions(self, n_new: int) -> np.ndarray:
         """Queries sit at their index in the cache, not in the text."""
-        return np.arange(self.kept, self.kept + n_new)
+        return np.arange(self.kept, self.kept + n_new, dtype=np.int64)
 
     def key_positions(self, n_new: int) -> np.ndarray:
         """Every kept key (and the new ones) at its index in the cache."""
-        return np.arange(self.kept + n_new)
+        return np.arange(self.kept + n_new, dtype=np.int64)

@@ -20,11 +20,14 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Hashable
+from types import ModuleType
 
 import numpy as np
 
 from ..attention import scaled_dot_product_attention
 from ..config import ModelConfig
+from ..memory import check_host_allocation
+from .base import KVCache
 
 
 class OutOfBlocksError(RuntimeError):
@@ -85,18 +88,24 @@ class PagedKVCache:
     ``k[layer]`` is ``[num_blocks, n_kv_heads, block_size, head_dim]``.
     Per sequence: ``tables[seq]`` (physical block ids) and ``lengths[seq]``
     (tokens stored). Use :meth:`sequence` to get the view the model's forward
-    pass writes through.
+    pass writes through. ``xp`` is the array module of the pool (the backend's).
     """
 
-    def __init__(self, config: ModelConfig, num_blocks: int, block_size: int = 16, dtype: type = np.float32):
+    def __init__(
+        self, config: ModelConfig, num_blocks: int, block_size: int = 16, dtype: type = np.float32,
+        xp: ModuleType = np,
+    ):
         if block_size <= 0:
             raise ValueError(f"block_size must be positive, got {block_size}")
         self.config = config
         self.block_size = block_size
-        self.allocator = BlockAllocator(num_blocks)
         shape = (config.n_layers, num_blocks, config.n_kv_heads, block_size, config.head_dim)
-        self.k = np.zeros(shape, dtype=dtype)
-        self.v = np.zeros(shape, dtype=dtype)
+        if xp is np:  # before any per-block structure; a GPU backend's xp checks its own memory
+            pool = 2 * int(np.prod(shape, dtype=np.float64)) * np.dtype(dtype).itemsize
+            check_host_allocation(pool, f"a KV pool of {num_blocks:,} blocks of {block_size} tokens")
+        self.allocator = BlockAllocator(num_blocks)
+        self.k = xp.zeros(shape, dtype=dtype)
+        self.v = xp.zeros(shape, dtype=dtype)
         self.tables: dict[Hashable, list[int]] = {}
         self.lengths: dict[Hashable, int] = {}
 
@@ -221,8 +230,8 @@ class PagedKVCache:
         }
 
 
-class PagedSequence:
-    """One sequence of a :class:`PagedKVCache`, with the contiguous cache's interface.
+class PagedSequence(KVCache):
+    """One sequence of a :class:`PagedKVCache`, as a :class:`~llmrs_core.kv_cache.base.KVCache`.
 
     ``LlamaModel.forward(ids, cache=paged.sequence(seq))`` runs unchanged;
     :meth:`reserve` is called for the new tokens before the first layer writes.

@@ -5,10 +5,11 @@
     dequant      GGML block formats -> float32, vectorised with NumPy
     ggml_blocks  float32 -> Q8_0 / Q4_0 / Q4_1 (bit-exact with llama.cpp); matvec from blocks
     kquants      the K-quant super-blocks Q4_K and Q6_K
+    registry     every ggml type's dequantiser and quantiser (None where unsupported): one table
     requantize   a whole GGUF model into another format (``llmrs quantize``)
 """
 
-from .dequant import dequantize, dequantize_all, dequantize_tensor, load_float32
+from .dequant import dequantize, dequantize_all, dequantize_tensor
 from .ggml_blocks import matvec, quantize
 
-__all__ = ["dequantize", "dequantize_all", "dequantize_tensor", "load_float32", "matvec", "quantize"]
+__all__ = ["dequantize", "dequantize_all", "dequantize_tensor", "matvec", "quantize"]

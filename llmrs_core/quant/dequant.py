@@ -11,6 +11,12 @@ In the 4-bit formats byte ``j`` of ``qs`` holds element ``j`` in its low
 nibble and element ``j + 16`` in its high nibble. The arithmetic is done in
 float32 from the fp16 scales, as ggml's reference dequantisation does, so
 the results are bit-exact with ``gguf.quants.dequantize``.
+
+:func:`split_blocks`, :func:`fp16_field` and :func:`unpack_nibbles` read
+these layouts (also for ``ggml_blocks.matvec``); :func:`q4_0_affine`,
+:func:`q4_1_affine` and :func:`q8_0_symmetric` give the codes and scales in
+the two forms the Numba kernels read (``kernels/cpu/packing.py``).
+:func:`dequantize` finds each type's decoder in :mod:`.registry`.
 """
 
 from __future__ import annotations
@@ -25,7 +31,11 @@ if TYPE_CHECKING:
     from ..formats.gguf import GGUFFile
 
 
-def _blocks(raw: np.ndarray, ggml_type: GGMLType) -> np.ndarray:
+def split_blocks(raw: np.ndarray, ggml_type: GGMLType) -> np.ndarray:
+    """Stored bytes (any shape) -> uint8 ``[n_blocks, type_size]``, one row per block.
+
+    ``ValueError`` if the bytes are not a whole number of ``ggml_type`` blocks.
+    """
     traits = type_traits(ggml_type)
     raw = np.ascontiguousarray(raw, dtype=np.uint8).reshape(-1)
     if raw.size % traits.type_size:
@@ -33,61 +43,68 @@ def _blocks(raw: np.ndarray, ggml_type: GGMLType) -> np.ndarray:
     return raw.reshape(-1, traits.type_size)
 
 
-def _scale(blocks: np.ndarray, start: int) -> np.ndarray:
-    """The fp16 at byte ``start`` of every block, as float32 ``[n_blocks, 1]``."""
+def fp16_field(blocks: np.ndarray, start: int) -> np.ndarray:
+    """uint8 ``[n_blocks, type_size]`` -> the fp16 at byte ``start`` of every block, as float32 ``[n_blocks, 1]``."""
     return blocks[:, start : start + 2].copy().view("<f2").astype(np.float32)
 
 
-def _nibbles(qs: np.ndarray) -> np.ndarray:
-    """``[n, 16]`` packed bytes -> ``[n, 32]`` values: low nibbles first, then high."""
+def unpack_nibbles(qs: np.ndarray) -> np.ndarray:
+    """uint8 ``[n, 16]`` packed bytes -> uint8 ``[n, 32]`` codes 0..15: the low nibbles first, then the high."""
     return np.concatenate([qs & 0x0F, qs >> 4], axis=1)
 
 
 def dequantize_q8_0(raw: np.ndarray) -> np.ndarray:
-    b = _blocks(raw, GGMLType.Q8_0)
-    return (_scale(b, 0) * b[:, 2:].view(np.int8).astype(np.float32)).reshape(-1)
+    b = split_blocks(raw, GGMLType.Q8_0)
+    return (fp16_field(b, 0) * b[:, 2:].view(np.int8).astype(np.float32)).reshape(-1)
 
 
 def dequantize_q4_0(raw: np.ndarray) -> np.ndarray:
-    b = _blocks(raw, GGMLType.Q4_0)
-    q = _nibbles(b[:, 2:]).astype(np.int8) - np.int8(8)
-    return (_scale(b, 0) * q.astype(np.float32)).reshape(-1)
+    b = split_blocks(raw, GGMLType.Q4_0)
+    q = unpack_nibbles(b[:, 2:]).astype(np.int8) - np.int8(8)
+    return (fp16_field(b, 0) * q.astype(np.float32)).reshape(-1)
 
 
 def dequantize_q4_1(raw: np.ndarray) -> np.ndarray:
-    b = _blocks(raw, GGMLType.Q4_1)
-    q = _nibbles(b[:, 4:]).astype(np.float32)
-    return (_scale(b, 0) * q + _scale(b, 2)).reshape(-1)
+    b = split_blocks(raw, GGMLType.Q4_1)
+    q = unpack_nibbles(b[:, 4:]).astype(np.float32)
+    return (fp16_field(b, 0) * q + fp16_field(b, 2)).reshape(-1)
 
 
-_FLOAT_TYPES = {GGMLType.F32: "<f4", GGMLType.F16: "<f2", GGMLType.F64: "<f8"}
-_DEQUANTIZERS = {
-    GGMLType.Q8_0: dequantize_q8_0,
-    GGMLType.Q4_0: dequantize_q4_0,
-    GGMLType.Q4_1: dequantize_q4_1,
-}
+# -- the blocks as the kernels read them (chapter 8) --------------------------
+# The same two forms as kquants.q4_k_affine and kquants.q6_k_symmetric.
+
+
+def q4_0_affine(raw: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Q4_0 bytes as ``w = d * q + m``: codes uint8 ``[n_blocks, 32]``, ``d`` and ``m = -8 d`` float32 ``[n_blocks]``."""
+    b = split_blocks(raw, GGMLType.Q4_0)
+    d = fp16_field(b, 0)[:, 0]
+    return unpack_nibbles(b[:, 2:]), d, np.float32(-8) * d
+
+
+def q4_1_affine(raw: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Q4_1 bytes as ``w = d * q + m``: codes uint8 ``[n_blocks, 32]``, ``d``, ``m`` float32 ``[n_blocks]``."""
+    b = split_blocks(raw, GGMLType.Q4_1)
+    return unpack_nibbles(b[:, 4:]), fp16_field(b, 0)[:, 0], fp16_field(b, 2)[:, 0]
+
+
+def q8_0_symmetric(raw: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Q8_0 bytes as ``w = d * q``: codes int8 ``[n_blocks, 32]`` (a view), ``d`` float32 ``[n_blocks]``."""
+    b = split_blocks(raw, GGMLType.Q8_0)
+    return b[:, 2:].view(np.int8), fp16_field(b, 0)[:, 0]
 
 
 def dequantize(raw: np.ndarray, ggml_type: GGMLType | int, shape: tuple[int, ...]) -> np.ndarray:
     """Stored bytes of a tensor -> float32 array of NumPy ``shape``.
 
     Supports F32, F16, F64, BF16, Q8_0, Q4_0, Q4_1 and the K-quants Q4_K and
-    Q6_K (chapter 6); anything else raises ``NotImplementedError`` naming the type.
+    Q6_K (chapter 6), as :mod:`~llmrs_core.quant.registry` lists them;
+    anything else raises ``NotImplementedError`` naming the type and the
+    supported ones.
     """
-    ggml_type = GGMLType(ggml_type)
-    raw = np.asarray(raw, dtype=np.uint8)
-    if ggml_type in _FLOAT_TYPES:
-        out = raw.view(_FLOAT_TYPES[ggml_type]).astype(np.float32)
-    elif ggml_type is GGMLType.BF16:
-        out = (raw.view("<u2").astype(np.uint32) << 16).view(np.float32)
-    elif ggml_type in _DEQUANTIZERS:
-        out = _DEQUANTIZERS[ggml_type](raw)
-    elif ggml_type in (GGMLType.Q4_K, GGMLType.Q6_K):
-        from . import kquants
+    from .registry import dequantizer  # here, not at the top: the registry imports this module
 
-        out = kquants.dequantize_q4_k(raw) if ggml_type is GGMLType.Q4_K else kquants.dequantize_q6_k(raw)
-    else:
-        raise NotImplementedError(f"dequantising {ggml_type.name} is not supported")
+    ggml_type = GGMLType(ggml_type)
+    out = dequantizer(ggml_type)(np.asarray(raw, dtype=np.uint8))
     n = int(np.prod(shape))
     if out.size != n:
         raise ValueError(f"{out.size} values decoded, but shape {shape} needs {n}")
@@ -103,11 +120,3 @@ def dequantize_tensor(gguf: GGUFFile, name: str) -> np.ndarray:
 def dequantize_all(gguf: GGUFFile) -> dict[str, np.ndarray]:
     """Every tensor of a GGUF file as float32 arrays, by name (SmolLM2: about 540 MB)."""
     return {name: dequantize_tensor(gguf, name) for name in gguf.tensors}
-
-
-def load_float32(source, name: str) -> np.ndarray:
-    """Weight ``name`` of a model source as float32: a GGUF file (dequantised) or any
-    source with a ``float32(name)`` method (a Hugging Face directory, chapter 10)."""
-    if hasattr(source, "float32"):
-        return source.float32(name)
-    return dequantize_tensor(source, name)

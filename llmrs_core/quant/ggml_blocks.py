@@ -89,29 +89,16 @@ def quantize_q4_1(x: np.ndarray) -> np.ndarray:
 
 
 def quantize(x: np.ndarray, ggml_type: GGMLType | int | str) -> np.ndarray:
-    """Float32 ``[..., n]`` -> stored bytes of ``ggml_type`` (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K, Q6_K)."""
+    """Float32 ``[..., n]`` -> stored bytes of ``ggml_type`` (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K, Q6_K).
+
+    The function for each type is found in :mod:`.registry`; an unsupported
+    type raises ``NotImplementedError`` naming it and the supported ones.
+    """
     from ..formats.ggml_types import type_by_name
+    from .registry import quantizer  # here, not at the top: the registry imports this module
 
     t = type_by_name(ggml_type) if isinstance(ggml_type, str) else GGMLType(ggml_type)
-    x = np.asarray(x, dtype=np.float32)
-    if t is GGMLType.F32:
-        return np.ascontiguousarray(x).view(np.uint8)
-    if t is GGMLType.F16:
-        return np.ascontiguousarray(x.astype(np.float16)).view(np.uint8)
-    if t is GGMLType.BF16:
-        from .floats import encode
-
-        return np.ascontiguousarray(encode(x, "bf16")).view(np.uint8)
-    if t in _QUANTIZERS:
-        return _QUANTIZERS[t](x)
-    if t in (GGMLType.Q4_K, GGMLType.Q6_K):
-        from . import kquants
-
-        return kquants.quantize_q4_k(x) if t is GGMLType.Q4_K else kquants.quantize_q6_k(x)
-    raise NotImplementedError(f"quantising to {t.name} is not supported")
-
-
-_QUANTIZERS = {GGMLType.Q8_0: quantize_q8_0, GGMLType.Q4_0: quantize_q4_0, GGMLType.Q4_1: quantize_q4_1}
+    return quantizer(t)(np.asarray(x, dtype=np.float32))
 
 
 def matvec(raw: np.ndarray, ggml_type: GGMLType | int, shape: tuple[int, int], x: np.ndarray,
@@ -124,7 +111,7 @@ def matvec(raw: np.ndarray, ggml_type: GGMLType | int, shape: tuple[int, int], x
     Q8_0 and Q4_0 need only ``d (q_b . x_b)``. Other types fall back to
     dequantising one chunk of rows at a time. ``x`` is ``[cols]`` or ``[cols, B]``.
     """
-    from .dequant import _scale, dequantize
+    from .dequant import dequantize, fp16_field, unpack_nibbles
 
     t = GGMLType(ggml_type)
     rows, cols = shape
@@ -138,19 +125,19 @@ def matvec(raw: np.ndarray, ggml_type: GGMLType | int, shape: tuple[int, int], x
         n = chunk.shape[0]
         if t in (GGMLType.Q8_0, GGMLType.Q4_0, GGMLType.Q4_1):
             blocks = chunk.reshape(-1, size)
-            d = _scale(blocks, 0).reshape(n, -1)  # [n, n_blocks]
+            d = fp16_field(blocks, 0).reshape(n, -1)  # [n, n_blocks]
             if t is GGMLType.Q8_0:
                 q = blocks[:, 2:].view(np.int8).astype(np.float32)
             else:
                 packed = blocks[:, 4:] if t is GGMLType.Q4_1 else blocks[:, 2:]
-                q = np.concatenate([packed & 0x0F, packed >> 4], axis=1).astype(np.float32)
+                q = unpack_nibbles(packed).astype(np.float32)
                 if t is GGMLType.Q4_0:
                     q -= 8
             q = q.reshape(n, -1, BLOCK)  # [n, n_blocks, 32]
             partial = np.einsum("rbk,bk...->rb...", q, xb)  # q_b . x_b per row and block
             y = np.einsum("rb,rb...->r...", d, partial)
             if t is GGMLType.Q4_1:
-                m = _scale(blocks, 2).reshape(n, -1)
+                m = fp16_field(blocks, 2).reshape(n, -1)
                 y += np.einsum("rb,b...->r...", m, xb.sum(axis=1))
         else:
             w = dequantize(chunk.reshape(-1), t, (n, cols))

@@ -3,7 +3,8 @@
     bytes_map     GPT-2's byte <-> printable-character map
     pretokenize   how text is cut into words before BPE (digits, then the GPT-2 pattern)
     bpe           merges by rank, BPE training, encode / decode of plain text
-    tokenizer     the Tokenizer built from a GGUF file: special tokens, caching
+    tokenizer     the Tokenizer built from a GGUF file: special tokens, safe chat encoding, length bounds
+    word_cache    the bounded (least-recently-used) cache of words' ids
     streaming     detokenising a token stream without ever emitting broken UTF-8
     chat          chat templates (jinja2, sandboxed), a ChatML assembler, token budgets
 """
@@ -21,12 +22,14 @@ from .chat import (
 from .pretokenize import pretokenize
 from .streaming import StreamDecoder
 from .tokenizer import Tokenizer
+from .word_cache import WordCache
 
 __all__ = [
     "ChatMessage",
     "PromptTooLongError",
     "StreamDecoder",
     "Tokenizer",
+    "WordCache",
     "bpe_merge_word",
     "bytes_to_unicode",
     "decode_ordinary",

@@ -16,6 +16,7 @@ environment, because a template is code that came with a downloaded file.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypedDict
 
@@ -50,6 +51,24 @@ def check_messages(messages: Sequence[Mapping[str, Any]]) -> None:
             raise ValueError(f"message {i} ({m['role']}) has no text 'content'")
 
 
+def _raise_exception(message: str) -> None:
+    raise ValueError(f"chat template: {message}")
+
+
+@functools.lru_cache(maxsize=16)
+def _compile_template(template: str) -> Any:
+    """The template compiled once (it is rendered for every request, twice by ``encode_chat``)."""
+    import jinja2
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=False)
+    env.globals["raise_exception"] = _raise_exception
+    try:
+        return env.from_string(template)
+    except jinja2.TemplateError as e:
+        raise ValueError(f"chat template failed: {e}") from None
+
+
 def render_chat_template(
     template: str,
     messages: Sequence[Mapping[str, Any]],
@@ -63,17 +82,10 @@ def render_chat_template(
     come out as ``ValueError`` with the template's own message.
     """
     import jinja2
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
 
     check_messages(messages)
-
-    def raise_exception(message: str) -> None:
-        raise ValueError(f"chat template: {message}")
-
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=False)
-    env.globals["raise_exception"] = raise_exception
+    compiled = _compile_template(template)
     try:
-        compiled = env.from_string(template)
         return compiled.render(
             messages=[dict(m) for m in messages], add_generation_prompt=add_generation_prompt, **variables
         )
@@ -105,8 +117,16 @@ def render_chatml(
 def encode_chat(
     tokenizer: Tokenizer, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True
 ) -> list[int]:
-    """Messages -> ChatML string (:func:`render_chatml`) -> token ids, special tokens recognised."""
-    return tokenizer.encode(render_chatml(messages, add_generation_prompt), allow_special=True)
+    """Messages -> ChatML layout (:func:`render_chatml`) -> token ids.
+
+    The layout's markers become control tokens; the messages' text is encoded
+    as plain text, so a ``<|im_end|>`` typed in a message cannot end its turn
+    (:meth:`Tokenizer.encode_rendered_chat <llmrs_core.tokenizer.Tokenizer.encode_rendered_chat>`).
+    For messages without special-token text this is exactly
+    ``tokenizer.encode(render_chatml(messages), allow_special=True)``, the
+    exercise's version.
+    """
+    return tokenizer.encode_rendered_chat(messages, lambda m: render_chatml(m, add_generation_prompt))
 
 
 def split_turns(messages: Sequence[Mapping[str, Any]]) -> tuple[list, list[list]]:

@@ -11,17 +11,21 @@ template. No external tokenizer library runs in this path; Hugging Face
 from __future__ import annotations
 
 import json
+import math
 import os
-from collections.abc import Mapping, Sequence
+import secrets
+from collections.abc import Callable, Mapping, Sequence
+from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import regex
 
 from .bpe import encode_ordinary, merge_ranks
-from .bytes_map import decode_chars
-from .chat import render_chat_template
+from .bytes_map import bytes_to_unicode, decode_chars
+from .chat import check_messages, render_chat_template
 from .streaming import StreamDecoder
+from .word_cache import WordCache
 
 if TYPE_CHECKING:
     from ..formats.gguf import GGUFFile
@@ -29,6 +33,10 @@ if TYPE_CHECKING:
 # tokenizer.ggml.token_type values (llama.cpp's llama_token_type)
 TOKEN_NORMAL, TOKEN_UNKNOWN, TOKEN_CONTROL, TOKEN_USER_DEFINED, TOKEN_UNUSED, TOKEN_BYTE = 1, 2, 3, 4, 5, 6
 SPECIAL_TYPES = (TOKEN_CONTROL, TOKEN_USER_DEFINED)
+# special tokens that end a turn, besides eos, in the vocabularies we meet (ChatML, GPT-2, Llama 3)
+END_OF_TURN_TOKENS = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>")
+# encode_rendered_chat's placeholders: a private-use character, 12 random digits, "#", an index, another
+PLACEHOLDER = regex.compile("\ue000([0-9]{12})#([0-9]+)\ue001")
 
 
 class Tokenizer:
@@ -42,6 +50,8 @@ class Tokenizer:
         bos_token_id, eos_token_id: ids of the begin/end-of-sequence tokens.
         chat_template: a Jinja2 chat template (the GGUF's ``tokenizer.chat_template``).
         add_bos: prepend ``bos_token_id`` when encoding (SmolLM2: no).
+        word_cache_size: how many words' ids to remember (least recently used
+            go first; see :class:`~.word_cache.WordCache`).
     """
 
     def __init__(
@@ -54,6 +64,7 @@ class Tokenizer:
         eos_token_id: int | None = None,
         chat_template: str | None = None,
         add_bos: bool = False,
+        word_cache_size: int = 2**16,
     ):
         self.tokens = list(tokens)
         self.vocab: dict[str, int] = {}
@@ -79,7 +90,7 @@ class Tokenizer:
         self._special_split = (
             regex.compile("(" + "|".join(regex.escape(s) for s in alternatives) + ")") if alternatives else None
         )
-        self._cache: dict[str, list[int]] = {}
+        self._cache = WordCache(word_cache_size)
         self._bytes_cache: dict[int, bytes] = {}
 
     @classmethod
@@ -204,23 +215,85 @@ class Tokenizer:
         """
         if not isinstance(text, str):
             raise TypeError(f"encode() takes a str, got {type(text).__name__}")
-        ids = [self.bos_token_id] if self.add_bos and self.bos_token_id is not None else []
+        ids = self._bos()
+        if allow_special and self._special_split is not None:
+            for i, piece in enumerate(self._special_split.split(text)):
+                if i % 2:  # the split's captured separators: the special tokens
+                    ids.append(self.special_tokens[piece])
+                elif piece:
+                    ids.extend(self._encode_plain(piece))
+        else:
+            ids.extend(self._encode_plain(text))
+        return ids
+
+    def _bos(self) -> list[int]:
+        return [self.bos_token_id] if self.add_bos and self.bos_token_id is not None else []
+
+    def _encode_plain(self, text: str) -> list[int]:
         try:
-            if allow_special and self._special_split is not None:
-                for i, piece in enumerate(self._special_split.split(text)):
-                    if i % 2:  # the split's captured separators: the special tokens
-                        ids.append(self.special_tokens[piece])
-                    elif piece:
-                        ids.extend(encode_ordinary(piece, self.vocab, self.ranks, self._cache))
-            else:
-                ids.extend(encode_ordinary(text, self.vocab, self.ranks, self._cache))
+            return encode_ordinary(text, self.vocab, self.ranks, self._cache)
         except UnicodeEncodeError as e:
             bad = e.object[e.start]
             raise ValueError(
                 f"text contains a lone surrogate {bad!r} (U+{ord(bad):04X}), which is not valid "
                 "Unicode text and cannot be encoded as UTF-8"
             ) from None
-        return ids
+
+    # -- lengths and stops, for the front door -------------------------------
+
+    @cached_property
+    def max_token_bytes(self) -> int:
+        """The most text bytes one token can stand for (SmolLM2: 81, a run of spaces after a newline).
+
+        A normal token covers one input byte per stand-in character; a special
+        token, its text in UTF-8.
+        """
+        return max(
+            (len(t.encode("utf-8")) if ty in SPECIAL_TYPES else len(t) for t, ty in zip(self.tokens, self.token_types)),
+            default=0,
+        )
+
+    @cached_property
+    def _dropped_bytes(self) -> bytes | None:
+        """The byte values encoding drops (no stand-in in the vocabulary), or ``None``
+        if encoding can drop more than those (a merge makes a piece the vocabulary lacks)."""
+        if any(a + b not in self.vocab for a, b in self.ranks):
+            return None
+        table = bytes_to_unicode()
+        return bytes(b for b in range(256) if table[b] not in self.vocab)
+
+    def min_token_count(self, text: str) -> int:
+        """A lower bound on ``len(self.encode(text))``, in O(len(text)) without encoding.
+
+        Every token stands for at most :attr:`max_token_bytes` bytes of the
+        text, and the tokens' bytes add up to the text's (less any byte the
+        vocabulary has no token for, which encoding drops), so at least
+        ``ceil(bytes / max_token_bytes)`` tokens are needed — plus the BOS token
+        where one is added. The same bound holds with ``allow_special=False``.
+        A front door can refuse text whose bound already exceeds the context
+        before spending time on encoding it. For English prose the bound is
+        about a sixteenth of the real count; it is a guard, not an estimate.
+        A lone surrogate (which ``encode`` refuses) counts as its 3 bytes.
+        """
+        if not isinstance(text, str):
+            raise TypeError(f"min_token_count() takes a str, got {type(text).__name__}")
+        n_bos = len(self._bos())
+        dropped = self._dropped_bytes
+        if dropped is None or not self.max_token_bytes:
+            return n_bos
+        data = text.encode("utf-8", errors="surrogatepass")
+        if dropped:
+            data = data.translate(None, dropped)
+        return n_bos + math.ceil(len(data) / self.max_token_bytes)
+
+    @property
+    def stop_token_ids(self) -> tuple[int, ...]:
+        """The ids that end a turn in this vocabulary: ``eos_token_id`` (if set), then
+        whichever of ``<|im_end|>``, ``<|endoftext|>``, ``<|eot_id|>`` are special
+        tokens here; in that order, without repeats. SmolLM2: ``(2, 0)``."""
+        ids = [self.eos_token_id] if self.eos_token_id is not None else []
+        ids += [self.special_tokens[t] for t in END_OF_TURN_TOKENS if t in self.special_tokens]
+        return tuple(dict.fromkeys(ids))
 
     # -- decoding ------------------------------------------------------------
 
@@ -278,11 +351,115 @@ class Tokenizer:
         }
         return render_chat_template(self.chat_template, messages, add_generation_prompt, **special)
 
+    def encode_chat(self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True) -> list[int]:
+        """Messages -> token ids of the model's chat prompt, with no turn injection possible.
+
+        The chat template (:meth:`apply_chat_template`) lays out the prompt;
+        its own markers (``<|im_start|>``, ``<|im_end|>``) become control
+        tokens, while the messages' text is encoded as ordinary text:
+        ``<|im_end|>`` typed in a message is the 6 tokens of ``<``, ``|``,
+        ``im``, ... and cannot end the turn or forge a system message. For
+        messages without special-token text the ids are exactly those of
+        ``encode(apply_chat_template(messages))``. See :meth:`encode_rendered_chat`.
+
+        The references differ on purpose here: Hugging Face
+        ``apply_chat_template(tokenize=True)`` and llama.cpp's server both
+        render the template and encode the whole string with special tokens
+        parsed, so special text inside a message *does* become control
+        tokens (llama.cpp has an open request to escape it); a Hugging Face
+        tokenizer with ``split_special_tokens=True`` goes the other way and
+        does not parse the template's own markers either. We treat the
+        template's text as trusted and the messages' as not: where the two
+        references agree (no special text in messages) our ids are theirs; a
+        message's special text is encoded as ``split_special_tokens`` would.
+        """
+        return self.encode_rendered_chat(messages, lambda m: self.apply_chat_template(m, add_generation_prompt))
+
+    def encode_rendered_chat(
+        self, messages: Sequence[Mapping[str, Any]], render: Callable[[list[dict[str, Any]]], str]
+    ) -> list[int]:
+        """Encode ``render(messages)``: the layout's special tokens as control tokens,
+        the messages' text as ordinary text.
+
+        ``render`` lays out a prompt from messages (the chat template, or
+        :func:`.chat.render_chatml`). It is called twice: once on the real
+        messages, and once on copies whose every non-empty string (except the
+        role) is replaced by a placeholder unique to this call. The placeholders show
+        where message text lands in the rendering; the text around them is the
+        layout. Special tokens are looked for only in the layout, then each
+        run of ordinary text — layout and message text together, just as
+        ``encode`` would see it, so the BPE pieces at the seams are the same —
+        is encoded without special tokens.
+
+        If the rendering does not hold each message string verbatim (a
+        template that trims, escapes or splits it), the placeholders cannot be
+        trusted; then the real rendering is encoded normally if that finds
+        exactly the special tokens the placeholder rendering has, and
+        otherwise ``ValueError`` is raised rather than risk message text
+        becoming control tokens.
+        """
+        check_messages(messages)
+        digits = f"{secrets.randbelow(10**12):012d}"
+        strings: list[str] = []
+
+        def mask(value: Any) -> Any:
+            if isinstance(value, str) and value:  # "" stays "", so `{% if message.content %}` still works
+                strings.append(value)
+                return f"\ue000{digits}#{len(strings) - 1}\ue001"
+            if isinstance(value, Mapping):
+                return {k: mask(v) for k, v in value.items()}
+            if isinstance(value, (list, tuple)):
+                return [mask(v) for v in value]
+            return value
+
+        # every string a message carries (content, a name, tool calls...) except its role, one of four words
+        masked = [{k: v if k == "role" else mask(v) for k, v in m.items()} for m in messages]
+        real = render([dict(m) for m in messages])
+        layout = render(masked)
+        parts = PLACEHOLDER.split(layout)  # layout text, digits, string index, layout text, ...
+        layout_texts, found_digits, indices = parts[::3], parts[1::3], parts[2::3]
+        if any(d != digits for d in found_digits):  # the template itself holds something like a placeholder
+            return self._encode_rendering_checked(real, layout)
+        texts = [layout_texts[0]]  # layout text, message string, layout text, ..., layout text
+        for index, text in zip(indices, layout_texts[1:]):
+            texts += [strings[int(index)], text]
+        if "".join(texts) != real:  # message text was not inserted verbatim (or a placeholder was cut)
+            return self._encode_rendering_checked(real, layout)
+        ids = self._bos()
+        run: list[str] = []  # ordinary text waiting to be encoded in one piece
+        for k, text in enumerate(texts):
+            if k % 2 or self._special_split is None:
+                run.append(text)
+                continue
+            for i, piece in enumerate(self._special_split.split(text)):
+                if i % 2:
+                    if run:
+                        ids.extend(self._encode_plain("".join(run)))
+                        run.clear()
+                    ids.append(self.special_tokens[piece])
+                else:
+                    run.append(piece)
+        if run:
+            ids.extend(self._encode_plain("".join(run)))
+        return ids
+
+    def _encode_rendering_checked(self, real: str, layout: str) -> list[int]:
+        """``encode(real)``, if it finds the same special tokens as the layout alone; else ``ValueError``."""
+        found = self._special_split.findall(real) if self._special_split is not None else []
+        expected = self._special_split.findall(layout) if self._special_split is not None else []
+        if found != expected:
+            raise ValueError(
+                "the chat template does not insert message text verbatim, and with these messages the "
+                "prompt holds other special tokens than the template's own, so message text could become "
+                "control tokens; remove special-token text (e.g. '<|im_end|>') from the messages"
+            )
+        return self.encode(real, allow_special=True)
+
     def count_chat_tokens(
         self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True
     ) -> int:
-        """How many tokens the rendered chat prompt takes."""
-        return len(self.encode(self.apply_chat_template(messages, add_generation_prompt)))
+        """How many tokens the chat prompt takes: ``len(encode_chat(messages))``."""
+        return len(self.encode_chat(messages, add_generation_prompt))
 
     def __repr__(self) -> str:
         return f"Tokenizer(vocab_size={self.vocab_size}, merges={len(self.ranks)}, special={len(self.special_tokens)})"

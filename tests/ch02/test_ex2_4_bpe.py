@@ -15,7 +15,6 @@ from llmrs_core.testing import first_difference
 from llmrs_core.tokenizer import Tokenizer
 from llmrs_core.tokenizer.bpe import vocab_from_merges
 from llmrs_core.tokenizer.bytes_map import encode_bytes
-from llmrs_core.tokenizer.reference import reference_tokenizer
 
 TRAINING_TEXT = (Path(__file__).resolve().parents[1] / "data" / "bpe_training.txt").read_text()
 
@@ -37,13 +36,13 @@ TEXTS = [
 
 
 @pytest.fixture(scope="module")
-def smollm2(smollm2_gguf) -> Tokenizer:
-    return Tokenizer.from_gguf(smollm2_gguf)
+def smollm2(smollm2_tokenizer) -> Tokenizer:
+    return smollm2_tokenizer
 
 
 @pytest.fixture(scope="module")
-def reference(smollm2):
-    return reference_tokenizer(smollm2)
+def reference(smollm2_reference):
+    return smollm2_reference
 
 
 # -- bytes_to_unicode -------------------------------------------------------------

@@ -108,13 +108,8 @@ def test_ex7_6_your_scheduler_serves_a_model(ex, tmp_path):
     write_tiny_llama(path, seed=4)
     model = llmrs.load(path)
 
-    class Bytes:  # a minimal tokenizer: ids are given directly
-        eos_token_id = None
-
-        def stream_decoder(self, skip_special=False):
-            return type("D", (), {"add": lambda self, i: "", "flush": lambda self: ""})()
-
-    engine = Engine(model.network, Bytes(), num_blocks=10, block_size=4, max_num_seqs=3,
+    # no tokenizer: the prompts are token ids, and nothing ends a request but max_tokens
+    engine = Engine(model.network, None, num_blocks=10, block_size=4, max_num_seqs=3,
                     max_num_batched_tokens=16, prefix_caching=False, scheduler_class=ex.Scheduler)
     prompts = [[1 + i, 2, 3, 4, 5 + i, 6] * (1 + i % 3) for i in range(5)]
     outs = engine.generate(prompts, max_tokens=5)

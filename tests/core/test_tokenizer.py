@@ -10,7 +10,6 @@ from hypothesis import strategies as st
 
 from llmrs_core.testing import first_difference
 from llmrs_core.tokenizer import StreamDecoder, Tokenizer, render_chatml
-from llmrs_core.tokenizer.reference import reference_tokenizer
 
 pytestmark = pytest.mark.model
 
@@ -74,16 +73,6 @@ CORPUS = [
     "ab" * 150,
     " ".join(str(i) for i in range(100)),
 ]
-
-
-@pytest.fixture(scope="module")
-def tok(smollm2_gguf) -> Tokenizer:
-    return Tokenizer.from_gguf(smollm2_gguf)
-
-
-@pytest.fixture(scope="module")
-def ref(tok):
-    return reference_tokenizer(tok)
 
 
 def test_smollm2_vocabulary(tok):

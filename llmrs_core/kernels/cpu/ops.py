@@ -19,7 +19,9 @@ import numpy as np
 from numba import njit, prange
 
 
-@njit(fastmath=True, cache=True)
+# error_model="numpy": a division by zero gives inf/NaN (caught once per step by the model,
+# with a message that blames the weights) instead of Numba's ZeroDivisionError from a kernel.
+@njit(fastmath=True, cache=True, error_model="numpy")
 def rms_norm(x, weight, eps):
     """``x [T, d]`` -> ``x / sqrt(mean(x**2) + eps) * weight``, float32."""
     t_count, dim = x.shape
@@ -68,7 +70,7 @@ def rope(x, cos, sin, interleaved):
     return out
 
 
-@njit(parallel=True, fastmath=True, cache=True)
+@njit(parallel=True, fastmath=True, cache=True, error_model="numpy")  # see rms_norm
 def attention(q, k, v):
     """Causal GQA attention: ``q [Tq, Hq, D]``, ``k, v [Tk, Hkv, D]`` -> ``[Tq, Hq, D]``.
 

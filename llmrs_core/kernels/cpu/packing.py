@@ -26,18 +26,32 @@ kernels compute the padding rows and the callers slice them away.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
 from ...formats.ggml_types import GGMLType, type_traits
-from ...quant.dequant import _blocks, _nibbles, _scale
+from ...quant.dequant import q4_0_affine, q4_1_affine, q8_0_symmetric
 from ...quant.kquants import q4_k_affine, q6_k_symmetric
 
 #: output rows per interleaved group: two AVX-512 (or four AVX2) float32 registers
 LANES = 32
 #: weights per block of the Q4 form (and of Q8_0; Q6_K's blocks are 16)
 BLOCK = 32
+
+#: The types the kernels read, each with its form and the function that splits its stored bytes
+#: into that form: ``"q4"`` -> (codes uint8 ``[n_blocks, 32]``, ``d``, ``m`` float32 ``[n_blocks]``),
+#: ``"q8"`` -> (codes int8 ``[n_blocks, block]``, ``d`` float32 ``[n_blocks]``). The form is the
+#: kernel's choice, not the format's (Q4_0 is symmetric, but read as affine it keeps 4-bit codes),
+#: so this table lives here; what every type stores is in ``quant/registry.py``.
+KERNEL_FORMS: dict[GGMLType, tuple[str, Callable[[np.ndarray], tuple[np.ndarray, ...]]]] = {
+    GGMLType.Q4_0: ("q4", q4_0_affine),
+    GGMLType.Q4_1: ("q4", q4_1_affine),
+    GGMLType.Q4_K: ("q4", q4_k_affine),
+    GGMLType.Q8_0: ("q8", q8_0_symmetric),
+    GGMLType.Q6_K: ("q8", q6_k_symmetric),
+}
 
 
 @dataclass
@@ -112,10 +126,11 @@ def pack_float(w: np.ndarray, source: str) -> PackedMatrix:
 
 
 def pack_raw(raw: np.ndarray, ggml_type: GGMLType, shape: tuple[int, int]) -> PackedMatrix | None:
-    """Pack the GGUF bytes of a ``[rows, cols]`` matrix, or None for a type without a kernel."""
+    """Pack the GGUF bytes of a ``[rows, cols]`` matrix, or None for a type without a kernel (not in
+    :data:`KERNEL_FORMS`: the caller keeps it as float32)."""
     rows, cols = shape
     ggml_type = GGMLType(ggml_type)
-    if ggml_type not in (GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q4_K, GGMLType.Q6_K, GGMLType.Q8_0):
+    if ggml_type not in KERNEL_FORMS:
         return None
     traits = type_traits(ggml_type)
     if cols % traits.block_size:
@@ -125,21 +140,12 @@ def pack_raw(raw: np.ndarray, ggml_type: GGMLType, shape: tuple[int, int]) -> Pa
         raise ValueError(
             f"a [{rows}, {cols}] {ggml_type.name} matrix is {want} bytes; got {raw.size} (truncated or mislabelled?)"
         )
-    if ggml_type in (GGMLType.Q4_0, GGMLType.Q4_1):
-        b = _blocks(raw, ggml_type)  # [rows * nb, 18 or 20]
-        d = _scale(b, 0)[:, 0]
-        m = _scale(b, 2)[:, 0] if ggml_type == GGMLType.Q4_1 else np.float32(-8) * d
-        codes = _nibbles(b[:, 4:] if ggml_type == GGMLType.Q4_1 else b[:, 2:])
+    kind, split = KERNEL_FORMS[ggml_type]
+    if kind == "q4":
+        codes, d, m = split(raw)
         return pack_affine_q4(codes.reshape(rows, cols), d.reshape(rows, -1), m.reshape(rows, -1), ggml_type.name)
-    if ggml_type == GGMLType.Q4_K:
-        codes, d, m = q4_k_affine(raw)  # [n_sub, 32], [n_sub], [n_sub]
-        return pack_affine_q4(codes.reshape(rows, cols), d.reshape(rows, -1), m.reshape(rows, -1), ggml_type.name)
-    if ggml_type == GGMLType.Q6_K:
-        codes, d = q6_k_symmetric(raw)  # [n_sub, 16], [n_sub]
-        return pack_q8(codes.reshape(rows, cols), d.reshape(rows, -1), ggml_type.name, block=16)
-    b = _blocks(raw, ggml_type)  # Q8_0
-    codes = b[:, 2:].view(np.int8)
-    return pack_q8(codes.reshape(rows, cols), _scale(b, 0).reshape(rows, -1), ggml_type.name)
+    codes, d = split(raw)
+    return pack_q8(codes.reshape(rows, cols), d.reshape(rows, -1), ggml_type.name, block=codes.shape[1])
 
 
 def fuse(parts: list[PackedMatrix]) -> list[PackedMatrix] | None:
@@ -171,4 +177,4 @@ def fuse(parts: list[PackedMatrix]) -> list[PackedMatrix] | None:
     return views
 
 
-__all__ = ["BLOCK", "LANES", "PackedMatrix", "fuse", "pack_affine_q4", "pack_float", "pack_q8", "pack_raw"]
+__all__ = ["BLOCK", "KERNEL_FORMS", "LANES", "PackedMatrix", "fuse", "pack_affine_q4", "pack_float", "pack_q8", "pack_raw"]

@@ -15,15 +15,9 @@ import time
 
 import numpy as np
 
-from ..bench import random_ids
-from .engine import Engine
-
-
-def _percentiles(values: list[float]) -> dict[str, float]:
-    if not values:
-        return {"mean": 0.0, "p50": 0.0, "p99": 0.0}
-    a = np.asarray(values)
-    return {"mean": float(a.mean()), "p50": float(np.percentile(a, 50)), "p99": float(np.percentile(a, 99))}
+from ..engine import Engine
+from ..validation import check_int
+from .common import percentiles, random_ids
 
 
 def run_workload(
@@ -41,9 +35,9 @@ def run_workload(
     elapsed = time.perf_counter() - start
     ttft, itl, out_tokens = [], [], 0
     for rid in rids:
-        state = engine.requests[rid].state
-        ttft.append(state.first_token_time - state.arrival_time)
-        itl += list(np.diff(state.token_times))
+        metrics = engine.request_metrics(rid)
+        ttft.append(metrics.ttft)
+        itl += metrics.itl
         out_tokens += len(engine.requests[rid].output_ids)
     stats = engine.stats()
     return {
@@ -51,8 +45,8 @@ def run_workload(
         "seconds": elapsed,
         "requests_per_s": len(rids) / elapsed,
         "output_tokens_per_s": out_tokens / elapsed,
-        "ttft_s": _percentiles(ttft),
-        "itl_s": _percentiles(itl),
+        "ttft_s": percentiles(ttft),
+        "itl_s": percentiles(itl),
         "steps": stats["steps"],
         "preemptions": stats["preemptions"],
         "prefix_hit_rate": stats["prefix_hit_rate"],
@@ -93,6 +87,7 @@ def batched_decode_tokens_per_s(net, batch: int = 16, n_prompt: int = 64, n_step
 def throughput(model, n_requests: int = 32, seed: int = 0, max_prompt: int = 128, max_output: int = 64,
                max_num_seqs: int = 16) -> dict:
     """The random workload and the prefix-heavy one, with their comparisons."""
+    check_int("n_requests", n_requests, minimum=1)
     net, tok = model.network, model.tokenizer
     rng = np.random.default_rng(seed)
     vocab = net.config.vocab_size

@@ -1,4 +1,4 @@
-"""``llmrs bench speed``: prompt processing and generation speed, llama-bench style (appendix A).
+"""``llmrs bench speed``: prompt processing and generation speed, llama-bench style (chapter 8, appendix A).
 
 Two measurements, as llama.cpp's ``llama-bench`` makes them:
 
@@ -18,23 +18,11 @@ machines, absolute numbers are not.
 from __future__ import annotations
 
 import statistics
-import time
-from collections.abc import Callable
 from contextlib import nullcontext
 
 import numpy as np
 
-
-def timings(fn: Callable[[], None], repetitions: int, warm_up: bool = True) -> list[float]:
-    """Seconds taken by each of ``repetitions`` calls of ``fn`` (after one untimed call)."""
-    if warm_up:
-        fn()
-    times = []
-    for _ in range(repetitions):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return times
+from .common import random_ids, timings
 
 
 def _summary(n_tokens: int, times: list[float]) -> dict:
@@ -51,12 +39,6 @@ def blas_threads(threads: int | None):
     except ImportError:
         return nullcontext()
     return threadpool_limits(limits=threads)
-
-
-def random_ids(rng: np.random.Generator, vocab_size: int, n: int) -> list[int]:
-    """``n`` random token ids, away from the special tokens at the start of most vocabularies."""
-    margin = min(100, vocab_size // 4)
-    return rng.integers(margin, vocab_size - margin, n).tolist()
 
 
 def ours(model, pp: int, tg: int, repetitions: int, seed: int = 0) -> dict:
@@ -126,7 +108,7 @@ def speed(path=None, backends: tuple[str, ...] = ("numba",), pp: int = 512, tg: 
     ``{"tokens_per_s" (median), "min", "max", "runs"}`` and ``ratio`` is ours
     over llama.cpp's (present when llama.cpp ran).
     """
-    from .loader import load
+    from ..loader import load
 
     result: dict = {"model": None, "threads": threads, "pp_tokens": pp, "tg_tokens": tg,
                     "repetitions": repetitions, "machine": machine(), "backends": {}}

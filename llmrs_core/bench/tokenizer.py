@@ -1,6 +1,6 @@
 """Encode speed of our tokenizer against the reference (chapter 2): ``make bench-tokenizer``.
 
-    python -m llmrs_core.tokenizer.bench [--json] [--repeats N]
+    python -m llmrs_core.bench.tokenizer [--json] [--repeats N]
 
 Measures tokens per second on a long mixed text (prose, code, numbers,
 non-Latin scripts) and milliseconds for one short prompt, with an empty word
@@ -14,6 +14,8 @@ import argparse
 import json
 import statistics
 
+from .common import timings
+
 SAMPLE = (
     "The quick brown fox jumps over the lazy dog. Tokenizers turn text into numbers; "
     "a model never sees letters, only ids. In 2024, 15% of 1,000,000 requests were retried.\n"
@@ -22,10 +24,8 @@ SAMPLE = (
 )
 
 
-
 def run(repeats: int = 7, copies: int = 50) -> dict:
     import llmrs_core as llmrs
-    from llmrs_core.bench import timings
     from llmrs_core.tokenizer.reference import reference_tokenizer
 
     model = llmrs.load()
@@ -71,6 +71,7 @@ def main() -> None:
     print(f"  ours, cold word cache  {r['ours_short_cold_ms']:.3f} ms")
     print(f"  ours, warm word cache  {r['ours_short_warm_ms']:.3f} ms")
     print(f"  reference              {r['reference_short_ms']:.3f} ms")
+
 
 if __name__ == "__main__":
     main()

@@ -1,0 +1,158 @@
+"""Checks of what callers hand the engine, in one place (the front door of every path).
+
+``model.generate``, ``Engine.add_request``, the CLI and the server (chapter
+11) take prompts, token ids, token budgets and stop strings from people and
+programs that make mistakes. Each check here turns a mistake into a
+``ValueError`` that names the parameter, what was given and what is
+accepted — never an internal error from deep inside, and never a silent
+wrong answer (a string of stop *characters*, bytes taken for token ids).
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from .tokenizer import Tokenizer
+
+
+def _describe(value: Any) -> str:
+    text = repr(value)
+    return f"{type(value).__name__} {text[:60] + '...' if len(text) > 60 else text}"
+
+
+def is_integer(value: Any) -> bool:
+    """An int or NumPy integer, but not a bool (``True`` is no token id or count)."""
+    return isinstance(value, (numbers.Integral, np.integer)) and not isinstance(value, (bool, np.bool_))
+
+
+def check_int(name: str, value: Any, minimum: int | None = None, maximum: int | None = None) -> int:
+    """``value`` as an int within ``[minimum, maximum]``; ``ValueError`` naming ``name`` otherwise."""
+    if not is_integer(value):
+        raise ValueError(f"{name} must be an integer, got {_describe(value)}")
+    value = int(value)
+    if minimum is not None and value < minimum:
+        raise ValueError(f"{name} must be at least {minimum}, got {value}")
+    if maximum is not None and value > maximum:
+        raise ValueError(f"{name} must be at most {maximum}, got {value}")
+    return value
+
+
+def check_float(name: str, value: Any) -> float:
+    """``value`` as a finite float (ints accepted); ``ValueError`` naming ``name`` otherwise."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (numbers.Real, np.floating, np.integer)):
+        raise ValueError(f"{name} must be a number, got {_describe(value)}")
+    value = float(value)
+    if not math.isfinite(value):
+        raise ValueError(f"{name} must be a finite number, got {value}")
+    return value
+
+
+def check_max_tokens(value: Any) -> int:
+    """The generation budget: an integer >= 1 (as vLLM and the OpenAI API require)."""
+    return check_int("max_tokens", value, minimum=1)
+
+
+def normalise_stop(stop: Any) -> tuple[str, ...]:
+    """Stop strings as a tuple: one string is *one* stop string (not its characters)."""
+    if stop is None:
+        return ()
+    if isinstance(stop, str):
+        return (stop,) if stop else ()
+    if isinstance(stop, (bytes, bytearray)) or not isinstance(stop, Sequence):
+        raise ValueError(f"stop must be a string or a list of strings, got {_describe(stop)}")
+    for s in stop:
+        if not isinstance(s, str):
+            raise ValueError(f"stop must be a string or a list of strings; one entry is {_describe(s)}")
+    return tuple(s for s in stop if s)
+
+
+def check_token_ids(ids: Any, vocab_size: int, what: str = "prompt") -> list[int]:
+    """A non-empty sequence of integer token ids, each in ``0 .. vocab_size - 1``."""
+    if isinstance(ids, (str, bytes, bytearray)) or not isinstance(ids, (Sequence, np.ndarray)):
+        raise ValueError(f"{what} must be text or a list of token ids, got {_describe(ids)}")
+    out = []
+    for i, t in enumerate(ids):
+        if not is_integer(t):
+            raise ValueError(f"{what} token {i} must be an integer token id, got {_describe(t)}")
+        t = int(t)
+        if not 0 <= t < vocab_size:
+            raise ValueError(f"{what} token {i} is id {t}, outside the vocabulary (0..{vocab_size - 1})")
+        out.append(t)
+    if not out:
+        raise ValueError(f"the {what} is empty: give at least one token")
+    return out
+
+
+def check_prompt(prompt: Any) -> str | Sequence[int]:
+    """A prompt is text (``str``) or token ids; bytes and None are refused with a reason."""
+    if isinstance(prompt, (bytes, bytearray)):
+        raise ValueError("prompt is bytes: decode it to text first (prompt.decode('utf-8')), or give token ids")
+    if prompt is None:
+        raise ValueError("prompt is None: give text or a list of token ids")
+    if not isinstance(prompt, (str, Sequence, np.ndarray)):
+        raise ValueError(f"prompt must be text or a list of token ids, got {_describe(prompt)}")
+    return prompt
+
+
+def check_fits_context(prompt_tokens: int, max_tokens: int, context_length: int) -> None:
+    """The prompt plus the generation budget must fit the model's context; the message gives
+    both numbers, as vLLM's does."""
+    if prompt_tokens + max_tokens > context_length:
+        raise ValueError(
+            f"prompt ({prompt_tokens} tokens) + max_tokens ({max_tokens}) exceeds the model's context "
+            f"length {context_length}"
+        )
+
+
+def prompt_ids(
+    prompt: Any,
+    tokenizer: Tokenizer | None,
+    vocab_size: int,
+    context_length: int,
+    max_tokens: int,
+    allow_special: bool = False,
+) -> list[int]:
+    """The token ids of a checked prompt that fits the context with ``max_tokens`` more.
+
+    Text is encoded as ordinary text: ``<|im_start|>`` typed by a user is
+    text, not a control token, unless the caller opts in with
+    ``allow_special`` (the chat path builds its control tokens itself).
+    Text too long to fit is refused *before* it is encoded, from a cheap
+    lower bound on its token count, so a huge prompt cannot occupy the
+    tokenizer for minutes only to be refused.
+    """
+    prompt = check_prompt(prompt)
+    if isinstance(prompt, str):
+        if tokenizer is None:
+            raise ValueError("this model has no tokenizer: give token ids, not text")
+        at_least = tokenizer.min_token_count(prompt)
+        if at_least + max_tokens > context_length:
+            raise ValueError(
+                f"prompt ({len(prompt.encode('utf-8')):,} bytes, at least {at_least:,} tokens) + max_tokens "
+                f"({max_tokens}) exceeds the model's context length {context_length}"
+            )
+        ids = tokenizer.encode(prompt, allow_special=allow_special)
+    else:
+        ids = prompt
+    ids = check_token_ids(ids, vocab_size)
+    check_fits_context(len(ids), max_tokens, context_length)
+    return ids
+
+
+__all__ = [
+    "check_fits_context",
+    "check_float",
+    "check_int",
+    "check_max_tokens",
+    "check_prompt",
+    "check_token_ids",
+    "is_integer",
+    "normalise_stop",
+    "prompt_ids",
+]
