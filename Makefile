@@ -5,6 +5,7 @@
 #   make test                  set up if needed, run the whole suite (what CI runs)
 #   make test-chapter 1        check your exercises for chapter 1 (IMPL=solutions for ours)
 #   make test-exercise E=1.6   check one exercise
+#   make test-portable         the engine's numeric tests with Numba compiling for haswell, then generic
 #   make check-env             [OK]/[FAIL] for Python, dependencies, model, GPU
 #   make notebooks             re-run the notebooks so their stored outputs are current
 #
@@ -25,7 +26,7 @@ NBVAL_TIMEOUT ?= 300
 SINGLE_THREAD := OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 
 .DEFAULT_GOAL := help
-.PHONY: help setup lab demo fetch test test-solutions test-engine check-stubs nbval lint format \
+.PHONY: help setup lab demo fetch test test-solutions test-engine test-portable check-stubs nbval lint format \
         test-chapter test-exercise check-env notebooks bench bench-tokenizer bench-throughput clean
 
 # `make test-chapter 1`: the chapter number arrives as a goal of its own;
@@ -38,7 +39,7 @@ ifeq (test-chapter,$(firstword $(MAKECMDGOALS)))
 endif
 
 help:
-	@sed -n '1,13p' Makefile | sed 's/^# \{0,1\}//'
+	@sed -n '1,14p' Makefile | sed 's/^# \{0,1\}//'
 
 # -- set-up ---------------------------------------------------------------
 
@@ -84,7 +85,7 @@ check-env:
 
 test: fetch
 	@start=$$(date +%s); \
-	$(MAKE) --no-print-directory lint test-solutions check-stubs nbval && \
+	$(MAKE) --no-print-directory lint test-solutions check-stubs nbval test-portable && \
 	echo "make test: all passed in $$(( $$(date +%s) - start )) s"
 
 lint: setup
@@ -97,6 +98,30 @@ format: setup
 # exercise tests against the solutions, plus the engine tests (tests/core)
 test-solutions: fetch
 	$(SINGLE_THREAD) $(PYTEST) tests -q --no-header --impl solutions
+
+# the engine's numeric tests (tests/core, tests/ch08) with Numba compiling for other CPUs than this
+# one, so that no tolerance or assembly check holds on one machine only: haswell (AVX2 + FMA,
+# 8 lanes) and generic (SSE2: 4 lanes, no FMA), each with a fresh on-disk cache under build/.
+# NUMBA_CPU_FEATURES is empty: left unset, Numba adds this CPU's own features (AVX-512, say) to
+# the name. OpenBLAS runs its Haswell kernels too where the CPU has AVX2, unless the environment
+# chose a core type (some machines set OPENBLAS_CORETYPE because other kernels are wrong there:
+# that choice stands). The haswell leg needs AVX2 and FMA to run; without, it is skipped, saying so.
+PORTABLE_CPUS := haswell generic
+# what computes no floats and compiles nothing: the tokenizer and the workbook's own mechanics
+PORTABLE_SKIP := --ignore-glob='tests/core/test_tokenizer*' --ignore-glob='tests/core/test_workbook_*'
+test-portable: fetch
+	@total=$$(date +%s); \
+	avx2=$$($(PY) -c 'import llvmlite.binding as l; f = l.get_host_cpu_features(); print(int(f.get("avx2", False) and f.get("fma", False)))' 2>/dev/null); \
+	blas=$${OPENBLAS_CORETYPE:-$$( [ "$$avx2" = 1 ] && echo Haswell )}; \
+	for cpu in $(PORTABLE_CPUS); do \
+	  if [ $$cpu = haswell ] && [ "$$avx2" != 1 ]; then echo "test-portable: skipping haswell, this CPU lacks AVX2/FMA"; continue; fi; \
+	  cache=build/numba-cache-$$cpu; rm -rf $$cache && mkdir -p $$cache; \
+	  echo "test-portable: NUMBA_CPU_NAME=$$cpu, OPENBLAS_CORETYPE=$${blas:-unset}"; start=$$(date +%s); \
+	  $(SINGLE_THREAD) env $${blas:+OPENBLAS_CORETYPE=$$blas} NUMBA_CPU_NAME=$$cpu NUMBA_CPU_FEATURES= NUMBA_CACHE_DIR=$$cache \
+	    $(PYTEST) tests/core tests/ch08 $(PORTABLE_SKIP) -q --no-header --impl solutions || exit 1; \
+	  echo "test-portable: NUMBA_CPU_NAME=$$cpu passed in $$(( $$(date +%s) - start )) s"; \
+	done; \
+	echo "test-portable: all passed in $$(( $$(date +%s) - total )) s"
 
 # the untouched stubs must fail only with "not implemented"
 check-stubs: setup
@@ -120,7 +145,7 @@ bench-throughput: fetch
 
 # encode speed of our tokenizer against Hugging Face tokenizers (chapter 2)
 bench-tokenizer: fetch
-	$(PY) -m llmrs_core.tokenizer.bench
+	$(PY) -m llmrs_core.bench.tokenizer
 
 # re-run every notebook in place so stored outputs and plots match the code
 notebooks: fetch

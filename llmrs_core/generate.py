@@ -19,6 +19,7 @@ from .model import LlamaModel
 from .output import OutputStream
 from .sampling import Sampler, SamplingParams
 from .tokenizer import Tokenizer
+from .validation import normalise_stop
 
 
 @dataclass
@@ -59,7 +60,7 @@ def generate_ids(
     *,
     max_tokens: int = 128,
     sampling: SamplingParams | None = None,
-    stop: Sequence[str] = (),
+    stop: str | Sequence[str] = (),
     stop_token_ids: Sequence[int] = (),
     on_text: Callable[[str], None] | None = None,
     sampler: Callable[..., int] | None = None,
@@ -84,7 +85,7 @@ def generate_ids(
     eos = set(stop_token_ids)
     if tokenizer is not None and tokenizer.eos_token_id is not None:
         eos.add(tokenizer.eos_token_id)
-    stream = OutputStream(tokenizer, max_tokens, stop, eos)
+    stream = OutputStream(tokenizer, max_tokens, normalise_stop(stop), eos)
     cache = model.new_cache(len(prompt_ids) + max_tokens)
     history = list(prompt_ids)
     start = time.perf_counter()

@@ -24,10 +24,10 @@ from .formats.gguf import read_gguf
 from .formats.hf import HFWeights
 from .formats.source import WeightSource
 from .generate import Completion, generate_ids
-from .model import LlamaModel
+from .model import LlamaModel, check_tensors
 from .sampling import SamplingParams
 from .tokenizer import Tokenizer
-from .validation import check_max_tokens, is_integer, normalise_stop, prompt_ids
+from .validation import check_max_tokens, normalise_stop, prompt_ids
 
 
 class Model:
@@ -48,6 +48,7 @@ class Model:
         self.gguf = source
         self.path = source.path
         self.config = source.config
+        check_tensors(source, self.config)  # at load, not at the first forward pass
         self.backend = DEFAULT_BACKEND if backend is None else backend
         self._backend = get_backend(self.backend, threads)
 
@@ -55,6 +56,11 @@ class Model:
     def network(self) -> LlamaModel:
         """The weights on the backend, loaded on first use (chapter 4)."""
         return LlamaModel(self.gguf, self.config, self._backend)
+
+    @property
+    def compiles_kernels(self) -> bool:
+        """Whether the backend compiles kernels (the Numba backend), so that :meth:`warm_up` matters."""
+        return bool(self._backend.warm_up_sizes)
 
     def warm_up(self) -> float:
         """Compile the backend's kernels (or load them from Numba's cache) before anything is
@@ -103,7 +109,8 @@ class Model:
         one string or a list of them. Every argument is checked first, with a
         ``ValueError`` naming it.
         """
-        batched = isinstance(prompt, list) and bool(prompt) and not is_integer(prompt[0])
+        # a list of prompts (texts or id lists); a list of anything else is one prompt, checked as such
+        batched = isinstance(prompt, list) and bool(prompt) and isinstance(prompt[0], (str, list, tuple, np.ndarray))
         params = SamplingParams(
             temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
             repetition_penalty=repetition_penalty, presence_penalty=presence_penalty,

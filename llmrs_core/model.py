@@ -46,6 +46,46 @@ class LayerWeights:
     w_down: Any
 
 
+def check_tensors(gguf: WeightSource, c: ModelConfig) -> None:
+    """Every tensor the forward pass reads exists with the shape the config ``c`` implies, and
+    the source has no tensor the model would ignore (a wrong block count, another architecture)."""
+    d, q_out, kv_out = c.hidden_size, c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim
+    want = {"token_embd.weight": (c.vocab_size, d), "output_norm.weight": (d,)}
+    if not c.tie_embeddings:
+        want["output.weight"] = (c.vocab_size, d)
+    for i in range(c.n_layers):
+        p = f"blk.{i}."
+        want |= {
+            p + "attn_norm.weight": (d,),
+            p + "attn_q.weight": (q_out, d),
+            p + "attn_k.weight": (kv_out, d),
+            p + "attn_v.weight": (kv_out, d),
+            p + "attn_output.weight": (d, q_out),
+            p + "ffn_norm.weight": (d,),
+            p + "ffn_gate.weight": (c.intermediate_size, d),
+            p + "ffn_up.weight": (c.intermediate_size, d),
+            p + "ffn_down.weight": (d, c.intermediate_size),
+        }
+    # a tied checkpoint may still store its output matrix (Hugging Face's lm_head): unused, harmless
+    extra = sorted(set(gguf.tensors) - set(want) - ({"output.weight"} if c.tie_embeddings else set()))
+    if extra:
+        layers = sorted({int(n.split(".")[1]) for n in extra if n.startswith("blk.") and n.split(".")[1].isdigit()})
+        hint = (
+            f"; the block count is {c.n_layers}, but the file has tensors of layer {layers[-1]}: "
+            "is the block count right?" if layers and layers[-1] >= c.n_layers else ""
+        )
+        shown = ", ".join(extra[:4]) + (f" and {len(extra) - 4} more" if len(extra) > 4 else "")
+        raise ValueError(f"{gguf.path}: tensors the model does not use: {shown}{hint}")
+    for name, shape in want.items():
+        if name not in gguf.tensors:
+            raise ValueError(f"{gguf.path}: the model needs tensor {name!r}, which the file lacks")
+        if gguf.tensors[name].shape != shape:
+            raise ValueError(
+                f"{gguf.path}: tensor {name!r} has shape {gguf.tensors[name].shape}, "
+                f"the config implies {shape}"
+            )
+
+
 class NonFiniteError(FloatingPointError):
     """The forward pass produced NaN or infinite logits: valid weights and token ids never do."""
 
@@ -62,7 +102,7 @@ class LlamaModel:
         self.config = config
         self.backend = backend
         self.source_path = source.path  # for messages that blame the weights
-        self._check_tensors(source)
+        check_tensors(source, config)
         backend.prepare(source)
         b, gguf = backend, source
         self.token_embd = b.load_matrix(gguf, "token_embd.weight")
@@ -83,44 +123,6 @@ class LlamaModel:
             w_gate=w_gate, w_up=w_up,
             w_down=b.load_matrix(gguf, p + "ffn_down.weight"),
         )
-
-    def _check_tensors(self, gguf: WeightSource) -> None:
-        """Every tensor the forward pass reads exists with the shape the config implies."""
-        c = self.config
-        d, q_out, kv_out = c.hidden_size, c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim
-        want = {"token_embd.weight": (c.vocab_size, d), "output_norm.weight": (d,)}
-        if not c.tie_embeddings:
-            want["output.weight"] = (c.vocab_size, d)
-        for i in range(c.n_layers):
-            p = f"blk.{i}."
-            want |= {
-                p + "attn_norm.weight": (d,),
-                p + "attn_q.weight": (q_out, d),
-                p + "attn_k.weight": (kv_out, d),
-                p + "attn_v.weight": (kv_out, d),
-                p + "attn_output.weight": (d, q_out),
-                p + "ffn_norm.weight": (d,),
-                p + "ffn_gate.weight": (c.intermediate_size, d),
-                p + "ffn_up.weight": (c.intermediate_size, d),
-                p + "ffn_down.weight": (d, c.intermediate_size),
-            }
-        extra = sorted(set(gguf.tensors) - set(want))
-        if extra:
-            layers = sorted({int(n.split(".")[1]) for n in extra if n.startswith("blk.") and n.split(".")[1].isdigit()})
-            hint = (
-                f"; the config says {c.n_layers} layers but there are tensors of layer {layers[-1]}: "
-                "is the block count right?" if layers and layers[-1] >= c.n_layers else ""
-            )
-            shown = ", ".join(extra[:4]) + (f" and {len(extra) - 4} more" if len(extra) > 4 else "")
-            raise ValueError(f"{gguf.path}: tensors the model does not use: {shown}{hint}")
-        for name, shape in want.items():
-            if name not in gguf.tensors:
-                raise ValueError(f"{gguf.path}: the model needs tensor {name!r}, which the file lacks")
-            if gguf.tensors[name].shape != shape:
-                raise ValueError(
-                    f"{gguf.path}: tensor {name!r} has shape {gguf.tensors[name].shape}, "
-                    f"the config implies {shape}"
-                )
 
     def new_cache(self, max_tokens: int) -> ContiguousKVCache:
         """A contiguous cache for ``max_tokens`` positions, in the backend's array module."""
@@ -200,12 +202,14 @@ class LlamaModel:
             h = b.rms_norm(x, layer.ffn_norm, c.rms_norm_eps)
             gate, up = b.matmul_many(h, [layer.w_gate, layer.w_up])
             x = x + b.matmul(b.swiglu(gate, up), layer.w_down)
-        for cache, t in zip(caches, sizes):
-            cache.advance(t)
         if last_only:
             x = x[bounds[1:] - 1]
         logits = b.matmul(b.rms_norm(x, self.output_norm, c.rms_norm_eps), self.output)
         self._check_finite(logits)
+        # Only a step that succeeded moves the caches on: after a failure (here or in any
+        # operation above) every cache is as it was, and the step can be run again.
+        for cache, t in zip(caches, sizes):
+            cache.advance(t)
         if last_only:
             return [logits[j : j + 1] for j in range(len(batch))]
         return [logits[bounds[j] : bounds[j + 1]] for j in range(len(batch))]

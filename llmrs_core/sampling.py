@@ -26,10 +26,19 @@ import numpy as np
 from .attention import softmax
 from .validation import check_float, check_int
 
+#: temperatures below this are greedy (vLLM's rule): dividing by them overflows float32
+MIN_TEMPERATURE = 1e-5
+
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """How to pick tokens. The defaults are greedy decoding."""
+    """How to pick tokens. The defaults are greedy decoding.
+
+    Every field is checked on construction, with a ``ValueError`` naming it:
+    finite numbers of the right type; presence and frequency penalties in
+    [-2, 2] (the OpenAI API's range); a temperature below
+    :data:`MIN_TEMPERATURE` is taken as 0 (greedy), as vLLM does.
+    """
 
     temperature: float = 0.0
     top_k: int = 0
@@ -49,8 +58,13 @@ class SamplingParams:
         object.__setattr__(self, "top_k", check_int("top_k", self.top_k, minimum=0))
         if self.seed is not None:
             object.__setattr__(self, "seed", check_int("seed", self.seed, minimum=0, maximum=2**63 - 1))
+        if 0 < self.temperature < MIN_TEMPERATURE:  # 1/T would overflow float32: greedy, as in vLLM
+            object.__setattr__(self, "temperature", 0.0)
         checks = [
             (self.temperature >= 0, f"temperature must be >= 0, got {self.temperature}"),
+            (-2 <= self.presence_penalty <= 2, f"presence_penalty must be in [-2, 2], got {self.presence_penalty}"),
+            (-2 <= self.frequency_penalty <= 2,
+             f"frequency_penalty must be in [-2, 2], got {self.frequency_penalty}"),
             (0 < self.top_p <= 1, f"top_p must be in (0, 1], got {self.top_p}"),
             (0 <= self.min_p <= 1, f"min_p must be in [0, 1], got {self.min_p}"),
             (self.repetition_penalty > 0, f"repetition_penalty must be > 0, got {self.repetition_penalty}"),

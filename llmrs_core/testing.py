@@ -79,6 +79,34 @@ def tiny_llama_metadata(
     }
 
 
+#: the hyper-parameters of a tiny model with :func:`byte_level_tokenizer_metadata`'s tokenizer:
+#: 256 byte tokens and an end-of-text token
+TINY_TEXT_LLAMA = {**TINY_LLAMA, "vocab_size": 257, "context_length": 512}
+
+#: a small chat template with no special tokens (the tiny model's): ``<role>content`` lines
+TINY_CHAT_TEMPLATE = (
+    "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}<assistant>{% endif %}"
+)
+
+
+def byte_level_tokenizer_metadata() -> dict[str, Any]:
+    """A real GGUF tokenizer for a tiny model: one token per byte (GPT-2's byte-to-character
+    map), no merges, ``<|endoftext|>`` (id 256) as EOS and :data:`TINY_CHAT_TEMPLATE` — so text
+    and chat work on token ids 0..255 (the model needs ``vocab_size=257``, :data:`TINY_TEXT_LLAMA`)."""
+    from .tokenizer.bytes_map import bytes_to_unicode
+
+    chars = bytes_to_unicode()
+    return {
+        "tokenizer.ggml.model": "gpt2",
+        "tokenizer.ggml.tokens": [chars[i] for i in range(256)] + ["<|endoftext|>"],
+        "tokenizer.ggml.token_type": [1] * 256 + [3],
+        "tokenizer.ggml.merges": [],
+        "tokenizer.ggml.eos_token_id": 256,
+        "tokenizer.chat_template": TINY_CHAT_TEMPLATE,
+    }
+
+
 def write_tiny_llama(
     path: str | os.PathLike[str],
     *,
@@ -86,6 +114,7 @@ def write_tiny_llama(
     seed: int = 0,
     drop_keys: tuple[str, ...] = (),
     weight_type: str | None = None,
+    byte_tokenizer: bool = False,
     **overrides: Any,
 ) -> dict[str, Any]:
     """Write a tiny random Llama GGUF to ``path``; return the hyper-parameters used.
@@ -93,10 +122,15 @@ def write_tiny_llama(
     ``overrides`` change entries of :data:`TINY_LLAMA`; ``drop_keys`` leaves
     metadata keys out (to test errors for missing keys); ``weight_type``
     (``"q4_1"``, ``"q8_0"`` ...) stores the weight matrices in that ggml
-    format, as SmolLM2's file does (norms stay float32).
+    format, as SmolLM2's file does (norms stay float32). ``byte_tokenizer``
+    adds :func:`byte_level_tokenizer_metadata`'s tokenizer and takes
+    :data:`TINY_TEXT_LLAMA`'s sizes as the defaults, so the model reads and writes text.
     """
-    params = {**TINY_LLAMA, **overrides}
-    metadata = {k: v for k, v in tiny_llama_metadata(**params).items() if k not in drop_keys}
+    params = {**(TINY_TEXT_LLAMA if byte_tokenizer else TINY_LLAMA), **overrides}
+    metadata = tiny_llama_metadata(**params)
+    if byte_tokenizer:
+        metadata |= byte_level_tokenizer_metadata()
+    metadata = {k: v for k, v in metadata.items() if k not in drop_keys}
     tensors = tiny_llama_tensors(**params, tie_embeddings=tie_embeddings, seed=seed)
     if weight_type is not None:
         from .formats.ggml_types import type_by_name
@@ -224,6 +258,9 @@ class ByteTokenizer:
     def encode(self, text: str, allow_special: bool = True) -> list[int]:
         return list(text.encode())
 
+    def min_token_count(self, text: str) -> int:
+        return len(text.encode())  # one token per byte: exact
+
     def stream_decoder(self, skip_special: bool = False):
         import codecs
 
@@ -256,6 +293,33 @@ def normalised_error(got: np.ndarray, want: np.ndarray) -> float:
     """``max |got - want| / max |want|``, in float64: how kernels are compared with a reference."""
     got, want = np.asarray(got, dtype=np.float64), np.asarray(want, dtype=np.float64)
     return float(np.abs(got - want).max() / max(np.abs(want).max(), 1e-30))
+
+
+FLOAT32_ROUNDING = 2.0**-24  # the relative error of one float32 rounding (half an ulp of 1.0)
+
+
+def float32_tolerance(k: Any, depth: int = 1, safety: float = 10.0) -> float:
+    """The :func:`normalised_error` to allow between two float32 computations of the same thing
+    that add up K-term sums in different orders (SIMD lanes, blocking, FMA or not, another
+    BLAS kernel, threads): ``safety * sqrt(k * depth) * 2**-24``. ``k`` may be a model's
+    :class:`~llmrs_core.config.ModelConfig`: then K is its longest sum (the larger of
+    hidden and intermediate size) and ``depth`` its number of layers, for logits and hidden states.
+
+    Each float32 addition rounds with a relative error up to 2^-24; the roundings of a K-term
+    sum add up like a random walk, so two orders differ by about sqrt(K) · 2^-24 · Σ|terms|
+    (and Σ|terms| is a few times max|result| for the data in these tests). A difference that
+    goes on through ``depth`` chained steps (the layers of a model, K being its longest sum)
+    adds up the same way: sqrt(K · depth) roundings' worth. Measured here, kernels and models
+    land at 0.2 to 2 times sqrt(K · depth) · 2^-24 (AVX2, AVX-512 and SSE2-only code alike);
+    ``safety`` = 10 leaves room for other data and other CPUs. It is still orders of magnitude
+    below what a bug gives: a missing scale, a wrong RoPE pairing or a dropped block of weights
+    are errors of order 1, and weights rounded to float16 on the way are about 1e-3.
+    """
+    from .config import ModelConfig
+
+    if isinstance(k, ModelConfig):
+        k, depth = max(k.hidden_size, k.intermediate_size), k.n_layers
+    return safety * math.sqrt(k * depth) * FLOAT32_ROUNDING
 
 
 def random_q4(rows: int, cols: int, seed: int = 0):

@@ -47,7 +47,10 @@ def check_float(name: str, value: Any) -> float:
     """``value`` as a finite float (ints accepted); ``ValueError`` naming ``name`` otherwise."""
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (numbers.Real, np.floating, np.integer)):
         raise ValueError(f"{name} must be a number, got {_describe(value)}")
-    value = float(value)
+    try:
+        value = float(value)
+    except OverflowError:  # an int too large for a float (10**400)
+        raise ValueError(f"{name} must be a finite number, got an integer of {len(str(value))} digits") from None
     if not math.isfinite(value):
         raise ValueError(f"{name} must be a finite number, got {value}")
     return value
@@ -110,6 +113,10 @@ def check_fits_context(prompt_tokens: int, max_tokens: int, context_length: int)
         )
 
 
+#: text longer than this many characters per context token is bounded before it is encoded
+PRECHECK_CHARS_PER_TOKEN = 16
+
+
 def prompt_ids(
     prompt: Any,
     tokenizer: Tokenizer | None,
@@ -131,12 +138,15 @@ def prompt_ids(
     if isinstance(prompt, str):
         if tokenizer is None:
             raise ValueError("this model has no tokenizer: give token ids, not text")
-        at_least = tokenizer.min_token_count(prompt)
-        if at_least + max_tokens > context_length:
-            raise ValueError(
-                f"prompt ({len(prompt.encode('utf-8')):,} bytes, at least {at_least:,} tokens) + max_tokens "
-                f"({max_tokens}) exceeds the model's context length {context_length}"
-            )
+        # Encoding is fast (O(n log n)), so the cheap bound is only for text far larger than any
+        # context: then it refuses before the work. Shorter text gets the exact count below.
+        if len(prompt) > PRECHECK_CHARS_PER_TOKEN * context_length:
+            at_least = tokenizer.min_token_count(prompt)
+            if at_least + max_tokens > context_length:
+                raise ValueError(
+                    f"prompt ({len(prompt.encode('utf-8')):,} bytes, at least {at_least:,} tokens) + max_tokens "
+                    f"({max_tokens}) exceeds the model's context length {context_length}"
+                )
         ids = tokenizer.encode(prompt, allow_special=allow_special)
     else:
         ids = prompt

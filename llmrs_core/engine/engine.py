@@ -15,16 +15,34 @@ import itertools
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
+import numpy as np
+
+from ..backends.base import Backend
+from ..config import ModelConfig
 from ..generate import Completion
+from ..kv_cache.base import KVCache
 from ..kv_cache.paged import PagedKVCache
-from ..model import LlamaModel
 from ..output import OutputStream
 from ..sampling import SamplingParams
 from ..tokenizer import Tokenizer
 from ..validation import check_max_tokens, normalise_stop, prompt_ids
 from .radix_cache import RadixCache
 from .scheduler import Request, RequestRejected, RequestStatus, Scheduler
+
+
+class Network(Protocol):
+    """What the engine needs of a model: :class:`~llmrs_core.model.LlamaModel`, or a stand-in
+    (chapter 7's notebook runs the scheduler on one that computes nothing)."""
+
+    config: ModelConfig
+    #: where the KV pool is allocated (``backend.xp``) and samplers come from (``backend.sampler``)
+    backend: Backend
+
+    def forward_batch(self, batch: list[tuple[list[int], KVCache]], last_only: bool = True) -> list[np.ndarray]:
+        """One step: each ``(new ids, cache)`` pair's logits (``[1, vocab]`` with ``last_only``)."""
+        ...
 
 
 @dataclass
@@ -94,7 +112,7 @@ class Engine:
 
     def __init__(
         self,
-        model: LlamaModel,
+        model: Network,
         tokenizer: Tokenizer | None,
         num_blocks: int = 512,
         block_size: int = 16,
@@ -272,13 +290,33 @@ class Engine:
     def has_unfinished(self) -> bool:
         return self.scheduler.has_work
 
+    def check_progress(self, outputs: list[RequestOutput]) -> None:
+        """Raise ``RuntimeError`` if the step that gave ``outputs`` could make no progress: work is
+        waiting but nothing runs (a waiting request cannot get blocks), so stepping again would spin."""
+        if not outputs and self.scheduler.has_work and not self.scheduler.running:
+            raise RuntimeError("the scheduler made no progress: a waiting request cannot get blocks")
+
     def run(self) -> Iterator[RequestOutput]:
         """Step until every request is done, yielding outputs as they come (streaming)."""
         while self.scheduler.has_work:
             outputs = self.step()
-            if not outputs and self.scheduler.has_work and not self.scheduler.running:
-                raise RuntimeError("the scheduler made no progress: a waiting request cannot get blocks")
+            self.check_progress(outputs)
             yield from outputs
+
+    def release(self, request_id: str) -> None:
+        """Forget a finished (or aborted) request: its state, metrics and completion are gone.
+
+        A long-running server calls this for every request it is done with, so that the
+        engine holds no state for requests that are over (``requests`` does not grow).
+        ``ValueError`` if the request is still in flight; unknown ids are ignored.
+        """
+        request = self.requests.get(request_id)
+        if request is None:
+            return
+        if not request.finished:
+            raise ValueError(f"request {request_id!r} is still in flight: abort it first")
+        del self.requests[request_id]
+        del self._states[request_id]
 
     def completion(self, request_id: str) -> Completion:
         """The result of a finished request, as ``model.generate`` returns it."""

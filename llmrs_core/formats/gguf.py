@@ -403,8 +403,9 @@ class GGUFFile(WeightSource):
         tokens = self.metadata.get("tokenizer.ggml.tokens")
         if tokens is not None and len(tokens) != config.vocab_size:
             raise ConfigError(
-                f"{self.path}: the tokenizer has {len(tokens):,} tokens but the model's vocabulary is "
-                f"{config.vocab_size:,} (its embedding rows): the file's tokenizer does not belong to its weights"
+                f"{self.path}: the tokenizer has {len(tokens):,} tokens but the model's vocabulary "
+                f"({config.architecture}.vocab_size) is {config.vocab_size:,}: the file's tokenizer does not "
+                "belong to its weights"
             )
         return config
 

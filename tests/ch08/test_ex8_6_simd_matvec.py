@@ -9,11 +9,12 @@ from numba.core.registry import CPUDispatcher
 
 from llmrs_core.kernels.cpu.inspect import assembly, packed_fma_unavailable, vector_summary
 from llmrs_core.kernels.cpu.packing import LANES, pack_q8
-from llmrs_core.testing import normalised_error, random_q4
+from llmrs_core.testing import float32_tolerance, normalised_error, random_q4
 
 # (rows, cols): whole groups of 32 rows, rows that leave padding, one block, a SmolLM2 shape
 SHAPES = [(32, 32), (64, 96), (100, 64), (7, 320), (1536, 576)]
-TOLERANCE = 1e-5
+# against the float64 product, a float32 kernel summing `cols` terms in its own order is off by
+# about sqrt(cols) * 2^-24 of the largest output (float32_tolerance: that, times a safety of 10)
 
 
 def kernel_args(rows: int = 64, cols: int = 96, seed: int = 0):
@@ -34,9 +35,9 @@ def test_ex8_6_matches_the_dequantised_product(ex, rows, cols):
            else "")
     )
     assert y.dtype == np.float32, f"the result should be float32, got {y.dtype}"
-    err = normalised_error(y, dense @ x.astype(np.float64))
-    assert err <= TOLERANCE, (
-        f"[{rows}, {cols}]: max |yours - x @ W.T| / max |x @ W.T| = {err:.2e} > {TOLERANCE:g}. "
+    err, tolerance = normalised_error(y, dense @ x.astype(np.float64)), float32_tolerance(cols)
+    assert err <= tolerance, (
+        f"[{rows}, {cols}]: max |yours - x @ W.T| / max |x @ W.T| = {err:.2e} > {tolerance:.2g}. "
         "Per block: d * sum(q * x) + m * sum(x); the low nibble of byte j goes with x[32 b + j], "
         "the high nibble with x[32 b + 16 + j]; row 32 g + lane is lane `lane` of group g."
     )
@@ -69,7 +70,7 @@ def test_ex8_6_accepts_float64_and_strided_input(ex):
     w, dense = random_q4(64, 96, seed=5)
     x = np.random.default_rng(2).standard_normal(2 * 96)[::2]  # float64, not contiguous
     err = normalised_error(ex.q4_matvec_simd(w, x), dense @ x)
-    assert err <= TOLERANCE, "convert x to contiguous float32 before calling the kernel"
+    assert err <= float32_tolerance(96), "convert x to contiguous float32 before calling the kernel"
 
 
 def test_ex8_6_kernel_is_compiled_with_fastmath(ex, compiled):

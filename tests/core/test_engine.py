@@ -210,3 +210,20 @@ def test_smollm2_prefix_hit_and_preemption_do_not_change_outputs(model_path):
     outs = small.generate(prompts, max_tokens=6)
     assert small.scheduler.num_preemptions > 0
     assert [c.token_ids for c in outs] == [w[: len(c.token_ids)] for w, c in zip(want, outs)]
+
+
+def test_release_forgets_finished_requests_only(tiny):
+    engine = Engine(tiny, ByteTokenizer(), num_blocks=16, block_size=4)
+    done = engine.add_request([1, 2, 3], max_tokens=2)
+    list(engine.run())
+    running = engine.add_request([4, 5, 6], max_tokens=4)
+    with pytest.raises(ValueError, match="still in flight"):
+        engine.release(running)
+    engine.release(done)
+    engine.release("never-seen")  # unknown ids are ignored
+    assert done not in engine.requests and running in engine.requests
+    with pytest.raises(KeyError):
+        engine.request_metrics(done)
+    engine.abort(running)
+    engine.release(running)
+    assert not engine.requests

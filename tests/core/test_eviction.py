@@ -7,7 +7,7 @@ import pytest
 
 import llmrs_core as llmrs
 from llmrs_core.kv_cache import SinkCache, SlidingWindowCache
-from llmrs_core.testing import write_tiny_llama
+from llmrs_core.testing import float32_tolerance, write_tiny_llama
 
 
 @pytest.fixture(scope="module")
@@ -21,11 +21,16 @@ def decode(net, cache, ids):
     return np.concatenate([net.forward([t], cache) for t in ids])
 
 
+def assert_close(got, want, net):
+    """Equal but for float32 sums in other orders (float32_tolerance of the model), relative to the values."""
+    np.testing.assert_allclose(got, want, rtol=0, atol=float32_tolerance(net.config) * np.abs(want).max())
+
+
 def test_before_eviction_both_equal_the_full_cache(net):
     ids = list(range(1, 12))
     full = decode(net, net.new_cache(len(ids)), ids)
-    np.testing.assert_allclose(decode(net, SlidingWindowCache(net.config, 16), ids), full, rtol=1e-5, atol=1e-5)
-    np.testing.assert_allclose(decode(net, SinkCache(net.config, 4, 12), ids), full, rtol=1e-5, atol=1e-5)
+    assert_close(decode(net, SlidingWindowCache(net.config, 16), ids), full, net)
+    assert_close(decode(net, SinkCache(net.config, 4, 12), ids), full, net)
 
 
 def test_sliding_window_equals_attention_over_the_last_tokens(net):
@@ -46,7 +51,7 @@ def test_sliding_window_equals_attention_over_the_last_tokens(net):
         want = decode(net, full, ids)
     finally:
         net.backend = base
-    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    assert_close(got, want, net)
 
 
 def test_sink_cache_keeps_the_first_tokens_and_counts_positions_in_the_cache(net):
@@ -59,7 +64,8 @@ def test_sink_cache_keeps_the_first_tokens_and_counts_positions_in_the_cache(net
     # the sinks are the first three tokens' values, still in place
     first = net.new_cache(3)
     net.forward(ids[:3], first)
-    np.testing.assert_allclose(cache.v[:, :3], first.v[:, :, :3].transpose(0, 2, 1, 3), rtol=1e-5, atol=1e-6)
+    # decoded one at a time there, prefilled together here: other BLAS paths, same values
+    assert_close(cache.v[:, :3], first.v[:, :, :3].transpose(0, 2, 1, 3), net)
 
 
 def test_bad_budgets(net):

@@ -1,9 +1,12 @@
 """The Numba CPU kernels and backend (chapter 8) against the NumPy reference.
 
 Float paths must agree to a normalised error (max |ours - reference| / max
-|reference|) of 1e-6: the kernels change the order of float sums, nothing
-else. The model-level checks run a tiny quantised model written here; the
-real SmolLM2 checks are in test_model_golden.py (both backends) .
+|reference|) of ``float32_tolerance(K)``, K the longest sum (about
+sqrt(K) * 2^-24, times a safety factor; times sqrt(layers) for a model): the
+kernels change the order of float sums, nothing else, and that order is the
+CPU's (8 lanes with AVX2, 16 with AVX-512, 4 and no FMA on a generic x86-64).
+The model-level checks run a tiny quantised model written here; the real
+SmolLM2 checks are in test_model_golden.py (both backends).
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from llmrs_core.kernels.cpu.threads import (
 )
 from llmrs_core.quant.dequant import dequantize
 from llmrs_core.quant.ggml_blocks import quantize
-from llmrs_core.testing import normalised_error, write_tiny_llama
+from llmrs_core.testing import float32_tolerance, normalised_error, write_tiny_llama
 
 TYPES = ["Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q6_K"]
 K_QUANTS = ("Q4_K", "Q6_K")  # 256-weight super-blocks
@@ -64,7 +67,7 @@ def test_matmul_matches_the_dequantised_product(ggml_type, t_count):
     got = km.matmul(x, w)
     want = (x.astype(np.float64) @ dense.T.astype(np.float64)).astype(np.float32)
     assert got.shape == (t_count, 72) and got.dtype == np.float32
-    assert normalised_error(got, want) <= 1e-6
+    assert normalised_error(got, want) <= float32_tolerance(cols)
 
 
 def test_matmul_bands_and_scratch(monkeypatch):
@@ -73,9 +76,9 @@ def test_matmul_bands_and_scratch(monkeypatch):
     w, dense = packed_random("Q4_1", 200, 64)
     x = np.random.default_rng(2).standard_normal((20, 64)).astype(np.float32)
     want = x @ dense.T
-    assert normalised_error(km.matmul(x, w), want) <= 1e-6
+    assert normalised_error(km.matmul(x, w), want) <= float32_tolerance(64)
     scratch = np.full((64, 64), np.nan, np.float32)
-    assert normalised_error(km.matmul(x, w, scratch), want) <= 1e-6
+    assert normalised_error(km.matmul(x, w, scratch), want) <= float32_tolerance(64)
 
 
 def test_matmul_rejects_a_mismatched_input():
@@ -102,7 +105,7 @@ def test_fused_matrices_give_the_same_products():
     x = np.random.default_rng(3).standard_normal((1, 64)).astype(np.float32)
     whole = km.matmul(x, parts[0].fused)
     np.testing.assert_array_equal(whole[:, :64], km.matmul(x, parts[0]))
-    assert normalised_error(whole[:, 64:], x @ db.T) <= 1e-6
+    assert normalised_error(whole[:, 64:], x @ db.T) <= float32_tolerance(64)
     # parts that cannot share a kernel stay apart
     assert fuse([a, packed_random("Q8_0", 32, 64)[0]]) is None
     assert fuse([packed_random("Q4_1", 40, 64)[0], b]) is None
@@ -113,12 +116,13 @@ def test_rms_norm_and_rope_match_the_reference():
     rng = np.random.default_rng(4)
     x = rng.standard_normal((5, 48)).astype(np.float32)
     w = rng.standard_normal(48).astype(np.float32)
-    assert normalised_error(ops.rms_norm(x, w, np.float32(1e-5)), layers.rms_norm(x, w, 1e-5)) <= 1e-6
+    assert normalised_error(ops.rms_norm(x, w, np.float32(1e-5)), layers.rms_norm(x, w, 1e-5)) <= float32_tolerance(48)
     q = rng.standard_normal((5, 3, 16)).astype(np.float32)
     pos = np.array([0, 1, 7, 300, 4096])
     cos, sin = ops.rope_tables(pos, rope.rope_frequencies(16, 1e5))
-    assert normalised_error(ops.rope(q, cos, sin, True), rope.apply_rope_interleaved(q, pos, 1e5)) <= 1e-6
-    assert normalised_error(ops.rope(q, cos, sin, False), rope.apply_rope_half(q, pos, 1e5)) <= 1e-6
+    # each output is x0 cos - x1 sin: a sum of 2 (the angles, up to 4096 rad, are float64 on both sides)
+    assert normalised_error(ops.rope(q, cos, sin, True), rope.apply_rope_interleaved(q, pos, 1e5)) <= float32_tolerance(2)
+    assert normalised_error(ops.rope(q, cos, sin, False), rope.apply_rope_half(q, pos, 1e5)) <= float32_tolerance(2)
 
 
 @pytest.mark.parametrize("tq,tk", [(1, 1), (1, 37), (5, 5), (16, 40), (40, 40), (130, 200)])
@@ -129,9 +133,11 @@ def test_attention_kernels_match_the_reference(tq, tk):
     k = rng.standard_normal((2, tk, 16)).astype(np.float32).transpose(1, 0, 2)
     v = rng.standard_normal((2, tk, 16)).astype(np.float32).transpose(1, 0, 2)
     want = reference_attention.scaled_dot_product_attention(q, k, v, causal=True)
-    assert normalised_error(ops.attention(q, k, v), want) <= 1e-6
+    # sums of D = 16 products (scores of order 1 here) and of Tk weighted values
+    tolerance = float32_tolerance(max(16, tk))
+    assert normalised_error(ops.attention(q, k, v), want) <= tolerance
     for chunk in (128, 7):
-        assert normalised_error(ops.attention_prefill(q, k, v, chunk=chunk), want) <= 1e-6
+        assert normalised_error(ops.attention_prefill(q, k, v, chunk=chunk), want) <= tolerance
 
 
 def test_threads_are_checked_and_reported():
@@ -187,16 +193,17 @@ def test_numba_backend_matches_numpy_on_a_quantised_model(tiny_quantised):
     want = llmrs.load(tiny_quantised, backend="numpy").logits(ids)
     model = llmrs.load(tiny_quantised, backend="numba")
     assert model.network.layers[0].wq.fused is not None, "Q, K and V should share one kernel call"
-    assert normalised_error(model.logits(ids), want) <= 1e-5
+    tolerance = float32_tolerance(model.network.config)  # the model's longest sum, through its layers
+    assert normalised_error(model.logits(ids), want) <= tolerance
     # decode one token at a time, and a batch of sequences, give the same logits
     net = model.network
     cache = net.new_cache(len(ids))
     steps = [net.forward(ids[:3], cache)] + [net.forward([t], cache) for t in ids[3:]]
-    assert normalised_error(np.concatenate(steps), want) <= 1e-5
+    assert normalised_error(np.concatenate(steps), want) <= tolerance
     caches = [net.new_cache(8) for _ in range(3)]
     batch = net.forward_batch([(ids[:4], caches[0]), (ids[:1], caches[1]), (ids[5:9], caches[2])])
     for got, seq in zip(batch, (ids[:4], ids[:1], ids[5:9])):
-        assert normalised_error(got[0], net.forward(seq)[-1]) <= 1e-5
+        assert normalised_error(got[0], net.forward(seq)[-1]) <= tolerance
 
 
 def test_numba_backend_on_float_weights(tmp_path):
@@ -204,8 +211,10 @@ def test_numba_backend_on_float_weights(tmp_path):
     path = tmp_path / "tiny.gguf"
     write_tiny_llama(path, seed=4)
     ids = [5, 6, 7, 8]
-    want = llmrs.load(path, backend="numpy").logits(ids)
-    assert normalised_error(llmrs.load(path, backend="numba").logits(ids), want) <= 1e-5
+    reference = llmrs.load(path, backend="numpy")
+    want = reference.logits(ids)
+    got = llmrs.load(path, backend="numba").logits(ids)
+    assert normalised_error(got, want) <= float32_tolerance(reference.network.config)
 
 
 def test_numba_is_the_default_and_reports_its_threads(tiny_quantised):

@@ -1,0 +1,29 @@
+"""``llmrs serve``: an OpenAI-compatible streaming server over the continuous-batching engine (chapter 11).
+
+One idea per module:
+
+* :mod:`.loop` — the engine loop: one thread owns the engine; handlers submit
+  requests through a queue and read per-request streams of outputs;
+* :mod:`.protocol` — OpenAI's request fields (checked, named in every error) and response shapes;
+* :mod:`.sse` — engine outputs -> server-sent events (and the non-streamed answer);
+* :mod:`.metrics` — Prometheus metrics with vLLM's names (``llmrs:`` prefix);
+* :mod:`.app` — ``create_app(model)``: the FastAPI routes, errors, auth, cancellation;
+* :mod:`.serve` — uvicorn in the foreground with a graceful SIGTERM drain, or in a thread.
+
+Needs the ``serve`` extra: ``pip install 'llmrs-core[serve]'``.
+"""
+
+from .app import create_app
+from .loop import EngineDeadError, EngineLoop, EngineRequest, QueueFullError, ResponseStream
+from .serve import BackgroundServer, serve
+
+__all__ = [
+    "BackgroundServer",
+    "EngineDeadError",
+    "EngineLoop",
+    "EngineRequest",
+    "QueueFullError",
+    "ResponseStream",
+    "create_app",
+    "serve",
+]

@@ -1,0 +1,307 @@
+"""The OpenAI-compatible HTTP app (chapter 11): ``create_app(model)`` -> a FastAPI app.
+
+Routes:
+
+========================  ==========================================================
+POST /v1/completions      ``prompt`` (text, token ids, or a list of either); SSE with ``stream``
+POST /v1/chat/completions ``messages`` through the model's chat template; SSE with ``stream``
+GET  /v1/models           the one served model
+POST /tokenize            ``{"prompt"}`` or ``{"messages"}`` -> ``{"tokens", "count", "max_model_len"}``
+POST /detokenize          ``{"tokens"}`` -> ``{"prompt"}``
+GET  /health              200 ready; 503 while loading, and once the engine loop died
+GET  /metrics             Prometheus text (:mod:`.metrics`)
+========================  ==========================================================
+
+The handlers never run the model: they parse and check the body
+(:mod:`.protocol`), encode the prompt in a worker thread — completions'
+text with special-token text kept as text (``allow_special=False``), chat
+messages through ``Tokenizer.encode_chat`` (only the template makes control
+tokens) — and submit token ids to the :class:`~.loop.EngineLoop`, whose
+thread owns the engine. Every refusal happens before the first byte of the
+answer, in OpenAI's error shape: 400 naming the field, 401 without the API
+key (``/health`` and ``/metrics`` stay open), 404 ``model_not_found``, 413 for
+a body over ``max_body_bytes``, 429 with ``Retry-After`` past ``max_queue``
+waiting requests, 503 when the engine loop is dead. A client that
+disconnects, streaming or not, aborts its requests before the next engine step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import secrets
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import Depends, FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from ..engine import Engine
+from ..loader import Model
+from ..validation import check_fits_context, check_token_ids, prompt_ids
+from .loop import EngineDeadError, EngineLoop, EngineRequest, QueueFullError
+from .metrics import ServerMetrics
+from .protocol import (
+    APIError,
+    GenerationRequest,
+    error_body,
+    new_id,
+    parse_chat_request,
+    parse_completion_request,
+)
+from .sse import StreamInfo, collect, sse_events
+
+#: the default generation budget of /v1/completions (OpenAI's and vLLM's); chat's is the rest of the context
+DEFAULT_COMPLETION_MAX_TOKENS = 16
+MAX_BODY_BYTES = 8 * 2**20
+
+
+def create_app(
+    model: Model,
+    *,
+    served_model_name: str | None = None,
+    max_num_seqs: int = 16,
+    num_blocks: int = 512,
+    block_size: int = 16,
+    max_queue: int | None = None,
+    api_key: str | None = None,
+    warm_up: bool = True,
+    max_body_bytes: int = MAX_BODY_BYTES,
+) -> FastAPI:
+    """An app serving ``model`` (which needs a tokenizer) through one continuous-batching engine.
+
+    The engine (``max_num_seqs`` running at once, a pool of ``num_blocks`` KV blocks of
+    ``block_size`` tokens) is built — and with ``warm_up`` its kernels compiled — in the
+    engine-loop thread when the app starts; ``/health`` is 503 until then. The model's
+    name in the API is ``served_model_name`` (default: the file's stem).
+    """
+    tokenizer = model.tokenizer  # ValueError now if the model has none: a server needs text
+    name = served_model_name or model.path.stem
+    config = model.config
+    metrics = ServerMetrics(name)
+
+    def make_engine() -> Engine:
+        if warm_up:
+            model.warm_up()
+        return Engine(model.network, tokenizer, num_blocks=num_blocks, block_size=block_size,
+                      max_num_seqs=max_num_seqs)
+
+    engine_loop = EngineLoop(make_engine, max_queue=max_queue, on_step=metrics.observe_step)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        engine_loop.start()
+        try:
+            yield
+        finally:
+            engine_loop.stop()
+
+    app = FastAPI(title="llmrs", version="1", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.engine_loop = engine_loop
+    app.state.metrics = metrics
+    app.state.served_model_name = name
+
+    # -- errors, in OpenAI's shape -------------------------------------------------------
+
+    @app.exception_handler(APIError)
+    async def api_error(request: Request, e: APIError) -> JSONResponse:
+        return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, e: StarletteHTTPException) -> JSONResponse:
+        return JSONResponse(error_body(str(e.detail), "invalid_request_error", code=e.status_code),
+                            status_code=e.status_code)
+
+    @app.exception_handler(Exception)
+    async def internal_error(request: Request, e: Exception) -> JSONResponse:
+        return JSONResponse(error_body(f"internal error: {type(e).__name__}: {e}", "server_error", code=500),
+                            status_code=500)
+
+    async def authorised(request: Request) -> None:
+        if api_key is None:
+            return
+        given = request.headers.get("authorization", "")
+        if not secrets.compare_digest(given.encode(), f"Bearer {api_key}".encode()):
+            raise APIError(401, "a valid API key is required: Authorization: Bearer KEY", code="invalid_api_key")
+
+    guarded = [Depends(authorised)]
+
+    # -- generation ---------------------------------------------------------------------
+
+    def check_model(req: GenerationRequest | dict) -> None:
+        asked = req.model if isinstance(req, GenerationRequest) else req.get("model")
+        if asked is not None and asked != name:
+            raise APIError(404, f"the model {asked!r} does not exist; this server serves {name!r}",
+                           param="model", code="model_not_found")
+
+    def encode(req: GenerationRequest, chat: bool) -> list[tuple[list[int], int]]:
+        """Each prompt's token ids and generation budget, checked (runs in a worker thread)."""
+        param = "messages" if chat else "prompt"
+        out = []
+        for i, prompt in enumerate(req.prompts):
+            where = f"prompt {i}: " if len(req.prompts) > 1 else ""
+            try:
+                if chat:
+                    ids = tokenizer.encode_chat(prompt)
+                    max_tokens = req.max_tokens if req.max_tokens is not None else max(
+                        config.context_length - len(ids), 1)
+                    ids = check_token_ids(ids, config.vocab_size)
+                    check_fits_context(len(ids), max_tokens, config.context_length)
+                else:
+                    max_tokens = req.max_tokens if req.max_tokens is not None else DEFAULT_COMPLETION_MAX_TOKENS
+                    ids = prompt_ids(prompt, tokenizer, config.vocab_size, config.context_length, max_tokens,
+                                     allow_special=False)
+            except ValueError as e:
+                raise APIError(400, f"{where}{e}", param=param) from None
+            out.append((ids, max_tokens))
+        return out
+
+    async def generate(request: Request, chat: bool) -> Response:
+        body = await read_json(request, max_body_bytes)
+        req = parse_chat_request(body) if chat else parse_completion_request(body)
+        check_model(req)
+        encoded = await asyncio.to_thread(encode, req, chat)
+        response_id = new_id("chatcmpl" if chat else "cmpl")
+        requests, choice_of = [], {}
+        for p, (ids, max_tokens) in enumerate(encoded):
+            for j in range(req.n):
+                rid = f"{response_id}-{p * req.n + j}"
+                choice_of[rid] = p * req.n + j
+                requests.append(EngineRequest(rid, ids, max_tokens, req.sampling_for(j), req.stop, req.ignore_eos))
+        try:
+            stream = await engine_loop.submit(requests)
+        except QueueFullError as e:
+            raise APIError(429, str(e), code="rate_limit_exceeded", headers={"Retry-After": "1"}) from None
+        except EngineDeadError as e:
+            raise APIError(503, str(e)) from None
+        except ValueError as e:  # RequestRejected: can never fit the pool, say
+            raise APIError(400, str(e), param="max_tokens") from None
+        info = StreamInfo(response_id, req.created, name, chat, choice_of, sum(len(ids) for ids, _ in encoded))
+        if req.stream:
+            return StreamingResponse(sse_events(stream, info, req.include_usage, engine_loop.abort),
+                                     media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        answer = asyncio.ensure_future(collect(stream, info))
+        gone = asyncio.ensure_future(wait_disconnect(request))
+        try:
+            await asyncio.wait({answer, gone}, return_when=asyncio.FIRST_COMPLETED)
+        finally:  # the client left (or this handler was cancelled): stop its requests in the engine
+            gone.cancel()
+            if not answer.done():
+                answer.cancel()
+                engine_loop.abort(stream.unfinished)
+        if not answer.done() or answer.cancelled():
+            return Response(status_code=499)  # nobody reads it; nginx's "client closed request"
+        try:
+            return JSONResponse(answer.result())
+        except EngineDeadError as e:
+            raise APIError(503, str(e)) from None
+        except RuntimeError as e:  # the request failed in the engine
+            raise APIError(500, str(e)) from None
+
+    @app.post("/v1/completions", dependencies=guarded)
+    async def completions(request: Request) -> Response:
+        return await generate(request, chat=False)
+
+    @app.post("/v1/chat/completions", dependencies=guarded)
+    async def chat_completions(request: Request) -> Response:
+        return await generate(request, chat=True)
+
+    # -- the rest -----------------------------------------------------------------------
+
+    @app.get("/v1/models", dependencies=guarded)
+    async def models() -> dict:
+        card = {"id": name, "object": "model", "created": started, "owned_by": "llmrs",
+                "max_model_len": config.context_length}
+        return {"object": "list", "data": [card]}
+
+    @app.post("/tokenize", dependencies=guarded)
+    async def tokenize(request: Request) -> dict:
+        body = await read_json(request, max_body_bytes)
+        if not isinstance(body, dict):
+            raise APIError(400, "the request body must be a JSON object")
+        unknown = set(body) - {"model", "prompt", "messages"}
+        if unknown:
+            raise APIError(400, f"{sorted(unknown)[0]!r} is not supported by /tokenize", param=sorted(unknown)[0])
+        check_model(body)
+        if ("prompt" in body) == ("messages" in body):
+            raise APIError(400, "give either prompt (text) or messages", param="prompt")
+
+        def run() -> list[int]:
+            try:
+                if "messages" in body:
+                    return tokenizer.encode_chat(body["messages"])
+                if not isinstance(body["prompt"], str):
+                    raise ValueError(f"prompt must be text, got {type(body['prompt']).__name__}")
+                return tokenizer.encode(body["prompt"], allow_special=False)
+            except ValueError as e:
+                raise APIError(400, str(e), param="messages" if "messages" in body else "prompt") from None
+
+        ids = await asyncio.to_thread(run)
+        return {"tokens": ids, "count": len(ids), "max_model_len": config.context_length}
+
+    @app.post("/detokenize", dependencies=guarded)
+    async def detokenize(request: Request) -> dict:
+        body = await read_json(request, max_body_bytes)
+        if not isinstance(body, dict):
+            raise APIError(400, "the request body must be a JSON object")
+        unknown = set(body) - {"model", "tokens"}
+        if unknown:
+            raise APIError(400, f"{sorted(unknown)[0]!r} is not supported by /detokenize", param=sorted(unknown)[0])
+        check_model(body)
+        tokens = body.get("tokens")
+        if tokens == []:
+            return {"prompt": ""}
+        try:
+            ids = check_token_ids(tokens, config.vocab_size, what="tokens")
+        except ValueError as e:
+            raise APIError(400, str(e), param="tokens") from None
+        return {"prompt": tokenizer.decode(ids)}
+
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        if engine_loop.error is not None:
+            return JSONResponse({"status": "dead", "error": engine_loop.error}, status_code=503)
+        if not engine_loop.ready.is_set():
+            return JSONResponse({"status": "loading"}, status_code=503)
+        if not engine_loop.alive:
+            return JSONResponse({"status": "stopped"}, status_code=503)
+        return JSONResponse({"status": "ok"})
+
+    @app.get("/metrics")
+    async def prometheus() -> Response:
+        return Response(metrics.render(), media_type=ServerMetrics.CONTENT_TYPE)
+
+    started = int(time.time())
+    return app
+
+
+async def read_json(request: Request, max_bytes: int) -> Any:
+    """The body as JSON; 413 past ``max_bytes`` (read no further), 400 if it is not JSON."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > max_bytes:
+        raise APIError(413, f"the request body is {int(declared):,} bytes; the limit is {max_bytes:,}")
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > max_bytes:
+            raise APIError(413, f"the request body is over the limit of {max_bytes:,} bytes")
+        chunks.append(chunk)
+    try:
+        return json.loads(b"".join(chunks))
+    except (ValueError, RecursionError) as e:  # JSONDecodeError and bad UTF-8 are ValueErrors
+        raise APIError(400, f"the request body is not valid JSON: {e}") from None
+
+
+async def wait_disconnect(request: Request) -> None:
+    """Return when the client has gone away (for a request whose body was read already)."""
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+__all__ = ["create_app"]

@@ -1,0 +1,90 @@
+"""Running the app with uvicorn (chapter 11): in the foreground (``llmrs serve``) or in a thread.
+
+:func:`serve` is ``llmrs serve``'s loop. On SIGTERM (or Ctrl-C) it stops
+accepting connections, lets the requests in flight finish — for at most
+``drain_timeout`` seconds, after which they are cut — stops the engine loop
+and returns normally, so the process exits 0 (uvicorn on its own re-raises the
+signal after draining, and the process would die of it).
+
+:class:`BackgroundServer` runs an app on a free port of 127.0.0.1 in a thread,
+for tests and notebooks: ``with BackgroundServer(app) as url: ...``; it is
+always stopped on leaving the block.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from types import FrameType
+
+import uvicorn
+from fastapi import FastAPI
+
+
+class _DrainingServer(uvicorn.Server):
+    """uvicorn's server with our own signal handling: drain, then exit normally (0)."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        if threading.current_thread() is not threading.main_thread():
+            yield  # signals can only be handled on the main thread
+            return
+        previous = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+    def _on_signal(self, sig: int, frame: FrameType | None) -> None:
+        if self.should_exit and sig == signal.SIGINT:
+            self.force_exit = True  # a second Ctrl-C: stop waiting for the requests in flight
+        self.should_exit = True
+
+
+def serve(app: FastAPI, host: str = "127.0.0.1", port: int = 8000, drain_timeout: float = 30.0,
+          log_level: str = "info") -> None:
+    """Serve ``app`` until SIGTERM or Ctrl-C; in-flight requests get ``drain_timeout`` seconds to finish."""
+    config = uvicorn.Config(app, host=host, port=port, log_level=log_level, lifespan="on",
+                            timeout_graceful_shutdown=drain_timeout)
+    server = _DrainingServer(config)
+    server.run()
+    if not server.started:
+        raise OSError(f"the server could not start on {host}:{port} (see the log above)")
+
+
+class BackgroundServer:
+    """``app`` served on 127.0.0.1 and a free port, in a daemon thread; the context value is its URL."""
+
+    def __init__(self, app: FastAPI, start_timeout: float = 60.0, drain_timeout: float = 5.0):
+        config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="on",
+                                timeout_graceful_shutdown=drain_timeout)
+        self.server = _DrainingServer(config)
+        self.start_timeout = start_timeout
+        self.thread = threading.Thread(target=self.server.run, name="llmrs-http", daemon=True)
+        self.url = ""
+
+    def __enter__(self) -> str:
+        self.thread.start()
+        deadline = time.monotonic() + self.start_timeout
+        while not self.server.started and self.thread.is_alive() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        if not self.server.started:
+            self.stop()
+            raise RuntimeError(f"the server did not start within {self.start_timeout:g} s")
+        port = self.server.servers[0].sockets[0].getsockname()[1]
+        self.url = f"http://127.0.0.1:{port}"
+        return self.url
+
+    def stop(self, timeout: float = 30.0) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout)
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+__all__ = ["BackgroundServer", "serve"]

@@ -1,0 +1,132 @@
+"""Engine outputs -> OpenAI server-sent events (chapter 11), and the non-streamed answer.
+
+The framing, as OpenAI's API, vLLM and llama.cpp's server send it:
+
+* every event is ``data: {json}\\n\\n``;
+* chat streams start with a role chunk per choice (``delta: {"role": "assistant", "content": ""}``);
+  then each piece of new text is a chunk (``delta: {"content": ...}`` for chat, ``text``
+  for completions); a choice ends with a chunk that has its ``finish_reason`` and no text;
+* with ``stream_options.include_usage``, one last chunk with ``"choices": []`` carries ``usage``;
+* a request that fails in the engine (finish reason ``"error"``), or an engine loop
+  that dies, sends ``data: {"error": {...}}``;
+* the stream always ends with ``data: [DONE]\\n\\n``.
+
+The text pieces come from the engine's :class:`~llmrs_core.output.OutputStream`:
+whole characters, stop strings held back — the server adds nothing to them.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import dataclass
+
+from .loop import EngineDeadError, ResponseStream
+from .protocol import chat_choice, chat_delta, completion_choice, error_body, response, usage
+
+DONE = b"data: [DONE]\n\n"
+
+
+def sse_event(payload: Mapping) -> bytes:
+    """One server-sent event: ``data: {json}\\n\\n`` (UTF-8, no ASCII escaping)."""
+    return b"data: " + json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode() + b"\n\n"
+
+
+@dataclass(frozen=True)
+class StreamInfo:
+    """What every chunk of one response repeats, and how engine requests map to choices.
+
+    ``chat``: chat chunks (``delta``) or completion chunks (``text``); ``choice_of``:
+    engine request id -> choice index; ``prompt_tokens``: for ``usage``.
+    """
+
+    response_id: str
+    created: int
+    model: str
+    chat: bool
+    choice_of: Mapping[str, int]
+    prompt_tokens: int
+
+    @property
+    def kind(self) -> str:
+        return "chat.completion.chunk" if self.chat else "text_completion"
+
+    def chunk(self, index: int, text: str | None, finish_reason: str | None) -> dict:
+        if self.chat:
+            delta = {} if text is None else {"content": text}
+            choice = chat_delta(index, delta, finish_reason)
+        else:
+            choice = completion_choice(index, text or "", finish_reason)
+        return response(self.kind, self.response_id, self.created, self.model, [choice])
+
+
+async def sse_events(
+    stream: ResponseStream, info: StreamInfo, include_usage: bool, abort: Callable[[list[str]], None],
+) -> AsyncIterator[bytes]:
+    """The SSE events of one streamed response; aborts what is unfinished if the client leaves.
+
+    ``abort(request_ids)`` is called when the generator is closed or cancelled before every
+    request finished (a client that disconnects: Starlette cancels the response).
+    """
+    completion_tokens = 0
+    try:
+        if info.chat:
+            for index in sorted(set(info.choice_of.values())):
+                role = chat_delta(index, {"role": "assistant", "content": ""}, None)
+                yield sse_event(response(info.kind, info.response_id, info.created, info.model, [role]))
+        async for out in stream:
+            index = info.choice_of[out.request_id]
+            completion_tokens += len(out.new_token_ids)
+            if out.finish_reason == "error":
+                yield sse_event(error_body(out.error or "the request failed", "server_error", code=500))
+                abort(stream.unfinished)
+                break
+            if out.new_text:
+                yield sse_event(info.chunk(index, out.new_text, None))
+            if out.finished:
+                yield sse_event(info.chunk(index, None, out.finish_reason))
+        else:
+            if include_usage:
+                final = response(info.kind, info.response_id, info.created, info.model, [],
+                                 usage(info.prompt_tokens, completion_tokens))
+                yield sse_event(final)
+    except EngineDeadError as e:
+        yield sse_event(error_body(str(e), "server_error", code=503))
+    finally:
+        if stream.unfinished:
+            abort(stream.unfinished)
+    yield DONE
+
+
+@dataclass
+class _Choice:
+    """One non-streamed choice as it accumulates."""
+
+    pieces: list[str]
+    finish_reason: str | None = None
+    tokens: int = 0
+
+
+async def collect(stream: ResponseStream, info: StreamInfo) -> dict:
+    """The whole answer of a non-streamed request, as a dict in OpenAI's shape.
+
+    Raises :class:`EngineDeadError`, or ``RuntimeError`` with the engine's message if a
+    request failed in the engine (the handler answers 500).
+    """
+    parts = {index: _Choice([]) for index in set(info.choice_of.values())}
+    async for out in stream:
+        c = parts[info.choice_of[out.request_id]]
+        c.pieces.append(out.new_text)
+        c.tokens += len(out.new_token_ids)
+        if out.finished:
+            c.finish_reason = out.finish_reason
+            if out.finish_reason == "error":
+                raise RuntimeError(out.error or "the request failed in the engine")
+    choice = chat_choice if info.chat else completion_choice
+    choices = [choice(i, "".join(parts[i].pieces), parts[i].finish_reason) for i in sorted(parts)]
+    kind = "chat.completion" if info.chat else "text_completion"
+    return response(kind, info.response_id, info.created, info.model, choices,
+                    usage(info.prompt_tokens, sum(c.tokens for c in parts.values())))
+
+
+__all__ = ["DONE", "StreamInfo", "collect", "sse_event", "sse_events"]
