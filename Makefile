@@ -27,7 +27,7 @@ SINGLE_THREAD := OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 
 .DEFAULT_GOAL := help
 .PHONY: help setup lab demo fetch test test-solutions test-engine test-portable check-stubs nbval lint format \
-        test-chapter test-exercise check-env notebooks bench bench-tokenizer bench-throughput clean
+        test-chapter test-exercise check-env notebooks bench bench-tokenizer bench-throughput bench-serve clean
 
 # `make test-chapter 1`: the chapter number arrives as a goal of its own;
 # take it as N and give it an empty rule so make does not try to build it.
@@ -142,6 +142,15 @@ bench: fetch
 # offline serving throughput of the continuous-batching engine (chapter 7)
 bench-throughput: fetch
 	$(VENV)/bin/llmrs bench throughput
+
+# the serving benchmark (chapter 11, vLLM's method): our server and llama-cpp-python's, started on
+# 127.0.0.1, the same GGUF and threads, at 1, 4 and 16 concurrent clients; llama-cpp-python's is
+# skipped, saying so, unless `.venv/bin/pip install 'llama-cpp-python[server]'` (a 5-minute build);
+# THREADS=N (default 2); results go to build/bench_serve.json and build/bench_serve.png
+bench-serve: fetch
+	@mkdir -p build
+	$(VENV)/bin/llmrs bench serve --compare --threads $(or $(THREADS),2) --max-concurrency 1,4,16 \
+	  --output build/bench_serve.json --plot build/bench_serve.png
 
 # encode speed of our tokenizer against Hugging Face tokenizers (chapter 2)
 bench-tokenizer: fetch

@@ -9,6 +9,8 @@
     llmrs bench throughput [--requests N] [--json]    chapter 7
     llmrs bench speed [--backend numba,numpy --threads 2]  chapter 8 / appendix A (vs llama.cpp if installed)
     llmrs serve [MODEL] [--host 127.0.0.1] [--port 8000]   chapter 11 (the `serve` extra)
+    llmrs bench serve [--base-url URL | --compare] [--max-concurrency 1,4,16 | --request-rate R]
+                                                      chapter 11: load on a server, vLLM's method
 """
 
 from __future__ import annotations
@@ -237,9 +239,97 @@ def _backends(text: str | None) -> tuple[str, ...]:
     return names
 
 
+def _numbers(option: str, text: str, kind: type) -> list:
+    """``"1,4,16"`` -> ``[1, 4, 16]`` (``kind`` int or float), each > 0; one-line errors."""
+    try:
+        values = [kind(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        values = []
+    if not values or not all(v > 0 for v in values):
+        raise ValueError(f"{option} takes positive {'whole ' if kind is int else ''}numbers separated by commas "
+                         f"(e.g. {'1,4,16' if kind is int else '2,4.5'}), got {text!r}")
+    return values
+
+
+def _write_json(result: dict, path: str) -> None:
+    with atomic_write(path, "w") as f:
+        json.dump(result, f, indent=2)
+        f.write("\n")
+    print(f"wrote {path}", file=sys.stderr)
+
+
+def _bench_serve(args: argparse.Namespace) -> int:
+    try:
+        import httpx  # noqa: F401  (the benchmark's HTTP client)
+    except ImportError:
+        raise ValueError("bench serve needs httpx: pip install httpx (the dev extra has it)") from None
+    from .bench import serve as bs
+    from .bench.serve_compare import compare, format_table, write_plot
+
+    for name, n in (("--num-prompts", args.num_prompts), ("--input-len", args.input_len),
+                    ("--output-len", args.output_len)):
+        check_int(name, n, minimum=1)
+    if args.compare and args.base_url:
+        raise ValueError("--compare starts its own servers on 127.0.0.1; leave out --base-url")
+    if args.request_rate is not None and args.max_concurrency is not None:
+        raise ValueError("give either --max-concurrency (closed loop) or --request-rate (open loop), not both")
+    if args.burstiness is not None and args.request_rate is None:
+        raise ValueError("--burstiness shapes the arrivals of --request-rate; give --request-rate too")
+    if args.request_rate is not None:
+        burstiness = 1.0 if args.burstiness is None else args.burstiness
+        loads = [bs.Load(request_rate=r, burstiness=burstiness)
+                 for r in _numbers("--request-rate", args.request_rate, float)]
+    else:
+        loads = [bs.Load(max_concurrency=c) for c in _numbers("--max-concurrency", args.max_concurrency or "1,4,16", int)]
+    slos = bs.parse_goodput(args.goodput)
+    n, seed = args.num_prompts, args.seed
+    if args.dataset == "random":
+        tokenizer = load(args.model).tokenizer
+
+        def workloads(level: int) -> bs.Workload:
+            return bs.random_workload(tokenizer, n, args.input_len, args.output_len, seed=[seed, level + 1])
+    else:
+        def workloads(level: int) -> bs.Workload:
+            return bs.prompt_set_workload(n, args.output_len, tag=f"{seed}.{level + 1}")
+
+    def say(line: str) -> None:
+        print(line, file=sys.stderr, flush=True)
+
+    workload = {"dataset": args.dataset, "num_prompts": n, "input_len": args.input_len if args.dataset == "random"
+                else None, "output_len": args.output_len, "seed": seed, "goodput_slo_ms": {k: v * 1e3 for k, v in
+                slos.items()}}
+    if args.compare:
+        backends = _backends(args.backend) if args.backend else (None,)
+        if len(backends) != 1:
+            raise ValueError("bench serve runs our server on one backend; give --backend one name")
+        result = compare(args.model or default_model_path(), loads, workloads, threads=args.threads or 2, seed=seed,
+                         slos=slos, backend=backends[0], n_ctx=max(2048, args.input_len + args.output_len + 64),
+                         on_level=say)
+        result = {"workload": workload, **result}
+    else:
+        url = args.base_url or "http://127.0.0.1:8000"
+        measured = bs.benchmark(url, loads, workloads, length_field=args.length_field, seed=seed, slos=slos,
+                                on_level=say)
+        result = {"workload": workload, "servers": {measured["base_url"]: measured}, "notes": []}
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        print(format_table(result["servers"]))
+        for note in result["notes"]:
+            print(f"note: {note}")
+    if args.output:
+        _write_json(result, args.output)
+    if args.plot:
+        write_plot(result["servers"], args.plot)
+        print(f"wrote {args.plot}", file=sys.stderr)
+    return 0
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     if args.threads is not None and args.threads < 1:
         raise ValueError(f"--threads must be at least 1, got {args.threads}")
+    if args.what == "serve":
+        return _bench_serve(args)
     if args.what == "speed":
         from .bench.speed import format_speed, speed
 
@@ -250,10 +340,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
                        repetitions=args.repetitions, threads=args.threads or 2, compare=not args.no_compare)
         print(json.dumps(result, indent=2) if args.json else format_speed(result))
         if args.output:
-            with atomic_write(args.output, "w") as f:
-                json.dump(result, f, indent=2)
-                f.write("\n")
-            print(f"wrote {args.output}", file=sys.stderr)
+            _write_json(result, args.output)
         return 0
     from .bench.throughput import format_throughput, throughput
 
@@ -359,9 +446,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_quantize)
 
     p = sub.add_parser(
-        "bench", help="benchmarks: `speed` (pp/tg, llama-bench style) or `throughput` (serving, chapter 7)"
+        "bench", help="benchmarks: `speed` (pp/tg, llama-bench style), `throughput` (the engine, chapter 7) "
+                      "or `serve` (load on an HTTP server, chapter 11)"
     )
-    p.add_argument("what", choices=("speed", "throughput"), help="what to measure")
+    p.add_argument("what", choices=("speed", "throughput", "serve"), help="what to measure")
     p.add_argument("--model", help="a GGUF file (default: SmolLM2)")
     p.add_argument("--backend", metavar="NAMES",
                    help=f"compute backend(s), comma-separated for speed (default {DEFAULT_BACKEND}; "
@@ -369,13 +457,33 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--pp", type=int, default=512, help="speed: prompt tokens (default 512)")
     p.add_argument("--tg", type=int, default=128, help="speed: generated tokens (default 128)")
     p.add_argument("--repetitions", type=int, default=5, help="speed: runs after the warm-up (default 5)")
-    p.add_argument("--threads", type=int, help="threads for every engine: Numba, BLAS, llama.cpp (speed default 2)")
+    p.add_argument("--threads", type=int,
+                   help="threads for every engine: Numba, BLAS, llama.cpp (speed and serve --compare: default 2)")
     p.add_argument("--no-compare", action="store_true", help="speed: skip llama.cpp even if installed")
     p.add_argument("--requests", type=int, default=32, help="number of requests (default 32)")
     p.add_argument("--max-num-seqs", type=int, default=16, help="requests running at once (default 16)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random workload")
     p.add_argument("--json", action="store_true", help="machine-readable output")
-    p.add_argument("--output", metavar="FILE", help="speed: also write the JSON result to FILE")
+    p.add_argument("--output", metavar="FILE", help="speed, serve: also write the JSON result to FILE")
+    p.add_argument("--base-url", metavar="URL",
+                   help="serve: the OpenAI-compatible server to load (default http://127.0.0.1:8000)")
+    p.add_argument("--compare", action="store_true",
+                   help="serve: start our server and llama-cpp-python's (if installed) on --model, same threads")
+    p.add_argument("--max-concurrency", metavar="LIST",
+                   help="serve: closed loop, at most N requests in flight, one run per N (default 1,4,16)")
+    p.add_argument("--request-rate", metavar="LIST",
+                   help="serve: open loop, requests/s (gamma arrivals), one run per rate")
+    p.add_argument("--burstiness", type=float, help="serve: gamma shape of the arrivals (1 = Poisson, default)")
+    p.add_argument("--num-prompts", type=int, default=32, help="serve: requests per run (default 32)")
+    p.add_argument("--input-len", type=int, default=128, help="serve: prompt tokens, random dataset (default 128)")
+    p.add_argument("--output-len", type=int, default=64, help="serve: tokens generated per request (default 64)")
+    p.add_argument("--dataset", choices=("random", "prompts"), default="random",
+                   help="serve: random token prompts, or the shipped prompt set (default random)")
+    p.add_argument("--length-field", choices=("ignore_eos", "min_tokens", "none"), default="ignore_eos",
+                   help="serve, with --base-url: how a request asks for all --output-len tokens: ignore_eos "
+                        "(ours, vLLM; default), min_tokens (llama-cpp-python) or none")
+    p.add_argument("--goodput", metavar="SLOS", help="serve: SLOs in ms for goodput, e.g. ttft:500,tpot:50")
+    p.add_argument("--plot", metavar="FILE", help="serve: a PNG of TTFT and throughput against the load")
     p.set_defaults(func=cmd_bench)
 
     p = sub.add_parser("serve", help="an OpenAI-compatible streaming server (chapter 11; the serve extra)")
