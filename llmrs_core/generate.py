@@ -19,7 +19,7 @@ from .model import LlamaModel
 from .output import OutputStream
 from .sampling import Sampler, SamplingParams
 from .tokenizer import Tokenizer
-from .validation import normalise_stop
+from .validation import check_fits_context, check_token_ids, normalise_stop
 
 
 @dataclass
@@ -73,14 +73,8 @@ def generate_ids(
     choice (called as ``sampler(logits, history)``). ``tokenizer`` may be
     ``None`` for a model without one: then the completion has ids and no text.
     """
-    if len(prompt_ids) == 0:
-        raise ValueError("the prompt is empty: give at least one token")
-    limit = model.config.context_length
-    if len(prompt_ids) + max_tokens > limit:
-        raise ValueError(
-            f"prompt ({len(prompt_ids)} tokens) + max_tokens ({max_tokens}) exceeds the model's "
-            f"context length {limit}"
-        )
+    prompt_ids = check_token_ids(prompt_ids, model.config.vocab_size)
+    check_fits_context(len(prompt_ids), max_tokens, model.config.context_length)
     choose = sampler or Sampler(sampling)
     eos = set(stop_token_ids)
     if tokenizer is not None and tokenizer.eos_token_id is not None:
