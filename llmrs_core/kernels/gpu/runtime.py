@@ -1,0 +1,93 @@
+"""Where the GPU kernels run: a real NVIDIA GPU, or numba-cuda's CUDA simulator (chapter 9).
+
+One kernel source serves both. numba-cuda reads ``NUMBA_ENABLE_CUDASIM`` when
+``numba.cuda`` is first imported, and cannot switch afterwards, so the choice is
+made once per process, here:
+
+- ``NUMBA_ENABLE_CUDASIM=1`` in the environment, or :func:`enable_simulator`
+  called before anything imported ``numba.cuda``: the simulator (kernels run on
+  the CPU, arrays are NumPy arrays, about 0.1 s per 32-thread block: tiny shapes only);
+- otherwise a real GPU if the CUDA driver reports one (arrays are CuPy arrays).
+
+Every module that launches kernels gets ``numba.cuda`` from :func:`cuda`.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from types import ModuleType
+
+SIMULATOR_ENV = "NUMBA_ENABLE_CUDASIM"
+INSTALL_HINT = "pip install -e '.[gpu]'"
+
+
+class CudaUnavailableError(RuntimeError):
+    """Neither a usable NVIDIA GPU nor the CUDA simulator: says what to install or set."""
+
+
+def _numba_module():
+    try:
+        import numba
+    except ImportError as e:  # pragma: no cover - numba is a core dependency
+        raise CudaUnavailableError(f"numba is not installed ({e})") from e
+    return numba
+
+
+def simulator_enabled() -> bool:
+    """True when numba.cuda runs (or will run) in the simulator in this process."""
+    return _numba_module().config.ENABLE_CUDASIM == 1 or os.environ.get(SIMULATOR_ENV) == "1"
+
+
+def enable_simulator() -> None:
+    """Run numba.cuda in the simulator for the rest of this process.
+
+    Must come before the first ``import numba.cuda`` anywhere in the process: afterwards the
+    target is fixed, and this raises rather than leave kernels on the wrong one.
+    """
+    numba = _numba_module()
+    if numba.config.ENABLE_CUDASIM == 1:
+        return
+    if "numba.cuda" in sys.modules:
+        raise CudaUnavailableError(
+            "numba.cuda was already imported for a real GPU; enable the simulator before anything "
+            f"imports numba.cuda (or start Python with {SIMULATOR_ENV}=1)"
+        )
+    os.environ[SIMULATOR_ENV] = "1"
+    numba.core.config.reload_config()
+
+
+def cuda() -> ModuleType:
+    """``numba.cuda`` on the target chosen for this process (see the module docstring).
+
+    Raises :class:`CudaUnavailableError` with what to install when numba-cuda is missing.
+    """
+    if os.environ.get(SIMULATOR_ENV) == "1" and _numba_module().config.ENABLE_CUDASIM != 1:
+        _numba_module().core.config.reload_config()  # the variable was set after numba was imported
+    try:
+        from numba import cuda as numba_cuda
+    except ImportError as e:
+        raise CudaUnavailableError(f"numba-cuda is not installed ({e}); {INSTALL_HINT}") from e
+    return numba_cuda
+
+
+def gpu_available() -> bool:
+    """True when kernels would run on a real NVIDIA GPU (never under the simulator)."""
+    if simulator_enabled():
+        return False
+    try:
+        return bool(cuda().is_available())
+    except CudaUnavailableError:
+        return False
+
+
+def require_cuda(what: str = "the cuda backend") -> ModuleType:
+    """``numba.cuda`` when a GPU or the simulator can run kernels; otherwise one clear sentence."""
+    numba_cuda = cuda()
+    if simulator_enabled() or numba_cuda.is_available():
+        return numba_cuda
+    raise CudaUnavailableError(
+        f"{what} needs an NVIDIA GPU with a working CUDA driver, and none was found. "
+        f"On a GPU machine: {INSTALL_HINT}. Without one, set {SIMULATOR_ENV}=1 to run the same kernels "
+        "in numba-cuda's CUDA simulator (slow: tiny models only)."
+    )
