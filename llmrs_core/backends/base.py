@@ -52,6 +52,10 @@ class Backend(ABC):
             raise ValueError(f"{source.path}: unknown RoPE layout {source.rope_layout!r} (known: {ROPE_LAYOUTS})")
         self.rope_layout = source.rope_layout
 
+    def to_host(self, x: Any) -> np.ndarray:
+        """``x`` (an array of :attr:`xp`) as a NumPy array in host memory; a GPU backend copies."""
+        return np.asarray(x)
+
     def begin_step(self, n_tokens: int) -> None:
         """Called by the model at the start of every forward step of ``n_tokens`` tokens
         (all sequences of a batch together). A backend may choose the step's kernels here."""

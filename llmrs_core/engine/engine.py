@@ -24,6 +24,7 @@ from ..config import ModelConfig
 from ..generate import Completion
 from ..kv_cache.base import KVCache
 from ..kv_cache.paged import PagedKVCache
+from ..logprobs import TokenLogprob, check_top_logprobs, token_logprob
 from ..output import OutputStream
 from ..sampling import SamplingParams
 from ..tokenizer import Tokenizer
@@ -75,6 +76,8 @@ class _RequestState:
     sampler: Callable[..., int]
     stream: OutputStream
     metrics: RequestMetrics
+    #: ``None``: no log-probabilities; ``k``: each token's, with its ``k`` best alternatives
+    logprobs: int | None = None
 
 
 @dataclass(frozen=True)
@@ -88,6 +91,8 @@ class RequestOutput:
     finish_reason: str | None
     #: why the request failed, for finish reason "error"
     error: str | None = None
+    #: with ``add_request(logprobs=k)``: one entry per id of ``new_token_ids``
+    logprobs: tuple[TokenLogprob, ...] = ()
 
 
 class Engine:
@@ -147,6 +152,7 @@ class Engine:
         request_id: str | None = None,
         ignore_eos: bool = False,
         allow_special: bool = False,
+        logprobs: int | None = None,
     ) -> str:
         """Queue a request; returns its id. Raises ``RequestRejected`` (a ``ValueError``
         naming the problem) if it is malformed or can never run: nothing is queued then.
@@ -156,13 +162,17 @@ class Engine:
         here, so that a bad id fails its own request, not every later step.
         ``stop_token_ids`` end the request (default: the tokenizer's end-of-turn
         tokens, ``Tokenizer.stop_token_ids``); ``ignore_eos`` ignores them all and
-        generates exactly ``max_tokens`` (for benchmarks).
+        generates exactly ``max_tokens`` (for benchmarks). ``logprobs=k`` (0 to 20)
+        gives every generated token's log-probability under the raw logits, with
+        its ``k`` most likely alternatives (:mod:`llmrs_core.logprobs`).
         """
         c = self.model.config
         try:
             max_tokens = check_max_tokens(max_tokens)
             stop = normalise_stop(stop)
             ids = prompt_ids(prompt, self.tokenizer, c.vocab_size, c.context_length, max_tokens, allow_special)
+            if logprobs is not None:
+                logprobs = check_top_logprobs(logprobs, "logprobs")
             sampling = sampling if sampling is not None else SamplingParams()
             if not isinstance(sampling, SamplingParams):
                 raise ValueError(f"sampling must be SamplingParams, got {type(sampling).__name__}")
@@ -187,6 +197,7 @@ class Engine:
             sampler=self.make_sampler(sampling),
             stream=OutputStream(self.tokenizer, max_tokens, stop, stop_ids),
             metrics=RequestMetrics(arrival_time=time.perf_counter()),
+            logprobs=logprobs,
         )
         self.scheduler.add(request)
         self.requests[rid] = request
@@ -234,12 +245,16 @@ class Engine:
                 self.scheduler.cache_prompt(r)  # later arrivals can share this prompt already
             if r.num_computed < r.num_tokens:
                 continue  # a prefill chunk that has not reached the end of the prompt yet
+            state = self._states[r.request_id]
             try:
-                token = self._states[r.request_id].sampler(result[0], r.all_ids)
+                token = state.sampler(result[0], r.all_ids)
+                lp = None
+                if state.logprobs is not None:
+                    lp = token_logprob(self.model.backend.to_host(result[0]), token, state.logprobs)
             except Exception as e:  # a sampler (the learner's, say) that raises fails its request only
                 outputs.append(self._fail(r, "sampling", e, now))
                 continue
-            outputs.append(self._advance(r, token, now))
+            outputs.append(self._advance(r, token, now, lp))
         return outputs
 
     def _forward_isolated(self, batch: list) -> list:
@@ -262,7 +277,7 @@ class Engine:
                 results.append(e)
         return results
 
-    def _advance(self, r: Request, token: int, now: float) -> RequestOutput:
+    def _advance(self, r: Request, token: int, now: float, logprob: TokenLogprob | None = None) -> RequestOutput:
         """Feed ``r``'s new token to its output stream; finish it if that ended it."""
         state = self._states[r.request_id]
         if state.metrics.first_token_time is None:
@@ -276,7 +291,9 @@ class Engine:
         if finish is not None:
             self.scheduler.finish(r, finish)
             state.metrics.finished_time = now
-        return RequestOutput(r.request_id, new_ids, delta, finish is not None, finish)
+        # a token the output leaves out (end of turn) has no entry: logprobs pair with new_ids
+        logprobs = (logprob,) if logprob is not None and new_ids else ()
+        return RequestOutput(r.request_id, new_ids, delta, finish is not None, finish, logprobs=logprobs)
 
     def _fail(self, r: Request, where: str, error: Exception, now: float) -> RequestOutput:
         message = f"request {r.request_id!r} failed in {where}: {type(error).__name__}: {error}"

@@ -52,7 +52,7 @@ from .protocol import (
     parse_chat_request,
     parse_completion_request,
 )
-from .sse import StreamInfo, collect, sse_events
+from .sse import EventStream, StreamInfo, collect, sse_events
 
 #: the default generation budget of /v1/completions (OpenAI's and vLLM's); chat's is the rest of the context
 DEFAULT_COMPLETION_MAX_TOKENS = 16
@@ -70,13 +70,15 @@ def create_app(
     api_key: str | None = None,
     warm_up: bool = True,
     max_body_bytes: int = MAX_BODY_BYTES,
+    stream_events: EventStream = sse_events,
 ) -> FastAPI:
     """An app serving ``model`` (which needs a tokenizer) through one continuous-batching engine.
 
     The engine (``max_num_seqs`` running at once, a pool of ``num_blocks`` KV blocks of
     ``block_size`` tokens) is built — and with ``warm_up`` its kernels compiled — in the
     engine-loop thread when the app starts; ``/health`` is 503 until then. The model's
-    name in the API is ``served_model_name`` (default: the file's stem).
+    name in the API is ``served_model_name`` (default: the file's stem). ``stream_events``
+    writes the SSE events of streamed answers (Exercise 11.6 plugs the learner's in here).
     """
     tokenizer = model.tokenizer  # ValueError now if the model has none: a server needs text
     name = served_model_name or model.path.stem
@@ -170,7 +172,8 @@ def create_app(
             for j in range(req.n):
                 rid = f"{response_id}-{p * req.n + j}"
                 choice_of[rid] = p * req.n + j
-                requests.append(EngineRequest(rid, ids, max_tokens, req.sampling_for(j), req.stop, req.ignore_eos))
+                requests.append(EngineRequest(rid, ids, max_tokens, req.sampling_for(j), req.stop, req.ignore_eos,
+                                              req.logprobs))
         try:
             stream = await engine_loop.submit(requests)
         except QueueFullError as e:
@@ -179,9 +182,10 @@ def create_app(
             raise APIError(503, str(e)) from None
         except ValueError as e:  # RequestRejected: can never fit the pool, say
             raise APIError(400, str(e), param="max_tokens") from None
-        info = StreamInfo(response_id, req.created, name, chat, choice_of, sum(len(ids) for ids, _ in encoded))
+        info = StreamInfo(response_id, req.created, name, chat, choice_of, sum(len(ids) for ids, _ in encoded),
+                          tokenizer.token_bytes)
         if req.stream:
-            return StreamingResponse(sse_events(stream, info, req.include_usage, engine_loop.abort),
+            return StreamingResponse(stream_events(stream, info, req.include_usage, engine_loop.abort),
                                      media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
         answer = asyncio.ensure_future(collect(stream, info))
         gone = asyncio.ensure_future(wait_disconnect(request))

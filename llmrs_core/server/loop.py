@@ -50,7 +50,8 @@ class QueueFullError(RuntimeError):
 class EngineRequest:
     """One engine request, as a handler prepares it: the prompt is already token ids.
 
-    ``ignore_eos`` generates exactly ``max_tokens`` (benchmarks).
+    ``ignore_eos`` generates exactly ``max_tokens`` (benchmarks); ``logprobs``: see
+    ``Engine.add_request``.
     """
 
     request_id: str
@@ -59,6 +60,7 @@ class EngineRequest:
     sampling: SamplingParams
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
+    logprobs: int | None = None
 
 
 class ResponseStream:
@@ -281,7 +283,7 @@ class EngineLoop:
             for r in s.requests:
                 added.append(engine.add_request(
                     r.prompt_ids, r.max_tokens, r.sampling, r.stop, request_id=r.request_id,
-                    ignore_eos=r.ignore_eos,
+                    ignore_eos=r.ignore_eos, logprobs=r.logprobs,
                 ))
         except ValueError as e:  # RequestRejected and the other refusals of add_request
             for rid in added:

@@ -9,18 +9,20 @@ means "not given", as in OpenAI's API.
 
 Responses are plain dicts in OpenAI's shape: ``id``, ``object``, ``created``,
 ``model``, ``choices`` (``index``, ``text`` or ``message``/``delta``,
-``logprobs: null``, ``finish_reason``) and ``usage``.
+``logprobs``, ``finish_reason``) and ``usage``.
 """
 
 from __future__ import annotations
 
+import codecs
 import dataclasses
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..logprobs import TokenLogprob, check_top_logprobs
 from ..sampling import SamplingParams
 from ..validation import check_int, check_max_tokens, normalise_stop
 
@@ -79,6 +81,8 @@ class GenerationRequest:
     include_usage: bool
     ignore_eos: bool
     user: str | None = None
+    #: ``None``: no log-probabilities; ``k``: each token's, with its ``k`` best alternatives
+    logprobs: int | None = None
     created: int = field(default_factory=lambda: int(time.time()))
 
     def sampling_for(self, choice: int) -> SamplingParams:
@@ -132,15 +136,33 @@ def _sampling(body: Mapping[str, Any]) -> SamplingParams:
     return SamplingParams(**{**given, "temperature": temperature})
 
 
-def _refuse_logprobs(body: Mapping[str, Any]) -> None:
-    for name in ("logprobs", "top_logprobs"):
-        if body.get(name) not in (None, False, 0):
-            raise APIError(400, f"{name} is not supported by this server yet", param=name)
+def _completion_logprobs(body: Mapping[str, Any]) -> int | None:
+    """Completions: ``logprobs`` is the number of alternatives (0 to 20) or null."""
     if body.get("echo") not in (None, False):
         raise APIError(400, "echo is not supported by this server", param="echo")
+    if not _given(body, "logprobs"):
+        return None
+    try:
+        return check_top_logprobs(body["logprobs"], "logprobs")
+    except ValueError as e:
+        raise APIError(400, str(e), param="logprobs") from None
 
 
-def _common(body: Mapping[str, Any], prompts: list[Any], max_tokens: int | None) -> GenerationRequest:
+def _chat_logprobs(body: Mapping[str, Any]) -> int | None:
+    """Chat: ``logprobs`` (true/false) turns them on; ``top_logprobs`` (0 to 20) needs it."""
+    wanted = _bool(body, "logprobs")
+    if not _given(body, "top_logprobs"):
+        return 0 if wanted else None
+    if not wanted:
+        raise APIError(400, "top_logprobs needs logprobs to be true", param="top_logprobs")
+    try:
+        return check_top_logprobs(body["top_logprobs"])
+    except ValueError as e:
+        raise APIError(400, str(e), param="top_logprobs") from None
+
+
+def _common(body: Mapping[str, Any], prompts: list[Any], max_tokens: int | None,
+            logprobs: int | None) -> GenerationRequest:
     model = body.get("model")
     if model is not None and not isinstance(model, str):
         raise APIError(400, f"model must be a string, got {type(model).__name__}", param="model")
@@ -165,10 +187,10 @@ def _common(body: Mapping[str, Any], prompts: list[Any], max_tokens: int | None)
                                param=f"stream_options.{key}")
         include_usage = _bool(options, "include_usage")
     n = _int(body, "n", 1, MAX_N) or 1
-    _refuse_logprobs(body)
     return GenerationRequest(
         model=model, prompts=prompts, max_tokens=max_tokens, sampling=_sampling(body), stop=stop, n=n,
         stream=stream, include_usage=include_usage, ignore_eos=_bool(body, "ignore_eos"), user=user,
+        logprobs=logprobs,
     )
 
 
@@ -199,7 +221,7 @@ def parse_completion_request(body: Any) -> GenerationRequest:
                        param="prompt")
     if not prompts or prompts == [[]]:
         raise APIError(400, "prompt is empty", param="prompt")
-    return _common(body, prompts, _max_tokens(body, "max_tokens"))
+    return _common(body, prompts, _max_tokens(body, "max_tokens"), _completion_logprobs(body))
 
 
 def parse_chat_request(body: Any) -> GenerationRequest:
@@ -212,7 +234,7 @@ def parse_chat_request(body: Any) -> GenerationRequest:
     max_tokens = _max_tokens(body, "max_completion_tokens")
     if max_tokens is None:
         max_tokens = _max_tokens(body, "max_tokens")
-    return _common(body, [messages], max_tokens)
+    return _common(body, [messages], max_tokens, _chat_logprobs(body))
 
 
 def _object(body: Any) -> Mapping[str, Any]:
@@ -233,17 +255,71 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
             "total_tokens": prompt_tokens + completion_tokens}
 
 
-def completion_choice(index: int, text: str, finish_reason: str | None) -> dict[str, Any]:
-    return {"index": index, "text": text, "logprobs": None, "finish_reason": finish_reason}
+def completion_choice(index: int, text: str, finish_reason: str | None,
+                      logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
+    return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
 
 
-def chat_choice(index: int, text: str, finish_reason: str | None) -> dict[str, Any]:
-    return {"index": index, "message": {"role": "assistant", "content": text}, "logprobs": None,
+def chat_choice(index: int, text: str, finish_reason: str | None,
+                logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
+    return {"index": index, "message": {"role": "assistant", "content": text}, "logprobs": logprobs,
             "finish_reason": finish_reason}
 
 
-def chat_delta(index: int, delta: dict[str, str], finish_reason: str | None) -> dict[str, Any]:
-    return {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+def chat_delta(index: int, delta: dict[str, str], finish_reason: str | None,
+               logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
+    return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
+
+
+TokenBytes = Callable[[int], bytes]
+
+
+def token_text(data: bytes) -> str:
+    """A token's text for logprobs. A byte-level token that is not whole UTF-8 characters (part of
+    an emoji, say) is written ``bytes:\\xe2\\x80`` as OpenAI's API writes it: replacing the bytes with
+    U+FFFD would make different tokens look alike. Chat's ``bytes`` field has the exact bytes."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        return "bytes:" + "".join(f"\\x{b:02x}" for b in data)
+
+
+def chat_logprobs(entries: Sequence[TokenLogprob], token_bytes: TokenBytes) -> dict[str, Any]:
+    """Chat's ``logprobs``: ``{"content": [{"token", "logprob", "bytes", "top_logprobs": [...]}], "refusal"}``."""
+    def one(token_id: int, logprob: float) -> dict[str, Any]:
+        data = token_bytes(token_id)
+        return {"token": token_text(data), "logprob": logprob, "bytes": list(data)}
+
+    content = [{**one(e.token_id, e.logprob), "top_logprobs": [one(i, lp) for i, lp in e.top]} for e in entries]
+    return {"content": content, "refusal": None}
+
+
+class TextOffsets:
+    """Completions' ``text_offset``: the characters of generated text before each token.
+
+    Fed the tokens' bytes in order; a character split across tokens counts once it is whole.
+    """
+
+    def __init__(self) -> None:
+        self.chars = 0
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def next(self, data: bytes) -> int:
+        """The offset of the token whose bytes are ``data``; then count them."""
+        offset = self.chars
+        self.chars += len(self._decoder.decode(data))
+        return offset
+
+
+def completion_logprobs(entries: Sequence[TokenLogprob], token_bytes: TokenBytes,
+                        offsets: TextOffsets) -> dict[str, Any]:
+    """Completions' ``logprobs``: parallel lists ``tokens``, ``token_logprobs``, ``top_logprobs``
+    (one ``{token: logprob}`` per token) and ``text_offset`` (from ``offsets``, which carries on
+    across the chunks of a stream)."""
+    data = [token_bytes(e.token_id) for e in entries]
+    return {"tokens": [token_text(d) for d in data], "token_logprobs": [e.logprob for e in entries],
+            "top_logprobs": [{token_text(token_bytes(i)): lp for i, lp in e.top} for e in entries],
+            "text_offset": [offsets.next(d) for d in data]}
 
 
 def response(kind: str, rid: str, created: int, model: str, choices: list[dict],
@@ -259,13 +335,17 @@ def response(kind: str, rid: str, created: int, model: str, choices: list[dict],
 __all__ = [
     "APIError",
     "GenerationRequest",
+    "TextOffsets",
     "chat_choice",
     "chat_delta",
+    "chat_logprobs",
     "completion_choice",
+    "completion_logprobs",
     "error_body",
     "new_id",
     "parse_chat_request",
     "parse_completion_request",
     "response",
+    "token_text",
     "usage",
 ]

@@ -19,12 +19,28 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator, Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from ..logprobs import TokenLogprob
 from .loop import EngineDeadError, ResponseStream
-from .protocol import chat_choice, chat_delta, completion_choice, error_body, response, usage
+from .protocol import (
+    TextOffsets,
+    TokenBytes,
+    chat_choice,
+    chat_delta,
+    chat_logprobs,
+    completion_choice,
+    completion_logprobs,
+    error_body,
+    response,
+    usage,
+)
 
 DONE = b"data: [DONE]\n\n"
+
+#: what writes a streamed answer: ``(stream, info, include_usage, abort) -> SSE events``
+#: (:func:`sse_events`; Exercise 11.6's learner writes one of these)
+EventStream = Callable[["ResponseStream", "StreamInfo", bool, Callable[[list[str]], None]], AsyncIterator[bytes]]
 
 
 def sse_event(payload: Mapping) -> bytes:
@@ -37,7 +53,8 @@ class StreamInfo:
     """What every chunk of one response repeats, and how engine requests map to choices.
 
     ``chat``: chat chunks (``delta``) or completion chunks (``text``); ``choice_of``:
-    engine request id -> choice index; ``prompt_tokens``: for ``usage``.
+    engine request id -> choice index; ``prompt_tokens``: for ``usage``; ``token_bytes``:
+    the tokenizer's, to write log-probabilities (requests that asked for them).
     """
 
     response_id: str
@@ -46,17 +63,32 @@ class StreamInfo:
     chat: bool
     choice_of: Mapping[str, int]
     prompt_tokens: int
+    token_bytes: TokenBytes | None = None
+    #: completions' ``text_offset`` of each choice, carried on from chunk to chunk
+    _offsets: dict[int, TextOffsets] = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def kind(self) -> str:
         return "chat.completion.chunk" if self.chat else "text_completion"
 
-    def chunk(self, index: int, text: str | None, finish_reason: str | None) -> dict:
+    def logprobs(self, index: int, entries: tuple[TokenLogprob, ...]) -> dict | None:
+        """The ``logprobs`` of choice ``index``'s next ``entries`` (``None`` when there are none)."""
+        if not entries or self.token_bytes is None:
+            return None
+        if self.chat:
+            return chat_logprobs(entries, self.token_bytes)
+        return completion_logprobs(entries, self.token_bytes, self._offsets.setdefault(index, TextOffsets()))
+
+    def chunk(self, index: int, text: str | None, finish_reason: str | None,
+              logprobs: tuple[TokenLogprob, ...] = ()) -> dict:
+        """One stream chunk of choice ``index``: ``text`` (``None``: none, as in a finish chunk),
+        its ``finish_reason``, and the log-probabilities of the tokens it carries, if asked for."""
+        lp = self.logprobs(index, logprobs)
         if self.chat:
             delta = {} if text is None else {"content": text}
-            choice = chat_delta(index, delta, finish_reason)
+            choice = chat_delta(index, delta, finish_reason, lp)
         else:
-            choice = completion_choice(index, text or "", finish_reason)
+            choice = completion_choice(index, text or "", finish_reason, lp)
         return response(self.kind, self.response_id, self.created, self.model, [choice])
 
 
@@ -81,8 +113,8 @@ async def sse_events(
                 yield sse_event(error_body(out.error or "the request failed", "server_error", code=500))
                 abort(stream.unfinished)
                 break
-            if out.new_text:
-                yield sse_event(info.chunk(index, out.new_text, None))
+            if out.new_text or out.logprobs:  # a held-back token still brings its logprob
+                yield sse_event(info.chunk(index, out.new_text, None, out.logprobs))
             if out.finished:
                 yield sse_event(info.chunk(index, None, out.finish_reason))
         else:
@@ -105,6 +137,7 @@ class _Choice:
     pieces: list[str]
     finish_reason: str | None = None
     tokens: int = 0
+    logprobs: list[TokenLogprob] = field(default_factory=list)
 
 
 async def collect(stream: ResponseStream, info: StreamInfo) -> dict:
@@ -118,15 +151,17 @@ async def collect(stream: ResponseStream, info: StreamInfo) -> dict:
         c = parts[info.choice_of[out.request_id]]
         c.pieces.append(out.new_text)
         c.tokens += len(out.new_token_ids)
+        c.logprobs.extend(out.logprobs)
         if out.finished:
             c.finish_reason = out.finish_reason
             if out.finish_reason == "error":
                 raise RuntimeError(out.error or "the request failed in the engine")
     choice = chat_choice if info.chat else completion_choice
-    choices = [choice(i, "".join(parts[i].pieces), parts[i].finish_reason) for i in sorted(parts)]
+    choices = [choice(i, "".join(parts[i].pieces), parts[i].finish_reason, info.logprobs(i, tuple(parts[i].logprobs)))
+               for i in sorted(parts)]
     kind = "chat.completion" if info.chat else "text_completion"
     return response(kind, info.response_id, info.created, info.model, choices,
                     usage(info.prompt_tokens, sum(c.tokens for c in parts.values())))
 
 
-__all__ = ["DONE", "StreamInfo", "collect", "sse_event", "sse_events"]
+__all__ = ["DONE", "EventStream", "StreamInfo", "collect", "sse_event", "sse_events"]

@@ -7,12 +7,14 @@ thread (`BackgroundServer`), and are always stopped; nothing here asserts a dura
 from __future__ import annotations
 
 import asyncio
+import codecs
 import json
 import re
 import threading
 import time
 
 import httpx
+import numpy as np
 import pytest
 
 openai = pytest.importorskip("openai")
@@ -157,6 +159,67 @@ def test_without_include_usage_there_is_no_usage_chunk(server):
     assert chunks and all(c.usage is None and c.choices for c in chunks)
 
 
+def reference_logprobs(model, prompt_ids: list[int], generated: list[int]) -> np.ndarray:
+    """log_softmax of the model's own full forward pass (no paged cache, no engine) at each
+    generated position: ``[len(generated), vocab]``."""
+    logits = model.logits(prompt_ids + generated[:-1])[len(prompt_ids) - 1:]
+    x = logits.astype(np.float64) - logits.max(-1, keepdims=True)
+    return x - np.log(np.exp(x).sum(-1, keepdims=True))
+
+
+def token_bytes_of(text: str) -> bytes:
+    """A logprobs token back to its bytes (``bytes:\\xe2\\x80`` for a piece of a character)."""
+    if text.startswith("bytes:"):
+        return bytes(int(h, 16) for h in text[len("bytes:"):].split("\\x")[1:])
+    return text.encode()
+
+
+def test_completion_logprobs_are_the_models_and_have_openai_shape(server, tiny):
+    r = server.client.completions.create(model="tiny", prompt="hello", max_tokens=6, temperature=0, logprobs=3)
+    lp, text = r.choices[0].logprobs, r.choices[0].text
+    ids = tiny.tokenizer.encode("hello", allow_special=False)
+    generated = alone(tiny, "hello", 6).token_ids
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == len(lp.text_offset) == 6
+    raw = [token_bytes_of(t) for t in lp.tokens]
+    assert b"".join(raw) == tiny.tokenizer.decode_bytes(generated) and raw == [
+        tiny.tokenizer.token_bytes(i) for i in generated]
+    decoder, chars, want_offsets = codecs.getincrementaldecoder("utf-8")(errors="replace"), 0, []
+    for data in raw:  # characters completed before each token, as Python's own UTF-8 decoder counts them
+        want_offsets.append(chars)
+        chars += len(decoder.decode(data))
+    assert lp.text_offset == want_offsets
+    want = reference_logprobs(tiny, ids, generated)
+    # float32 logits of one model through two code paths (paged batch vs one full pass), in float64
+    # log-softmax: differences of a few float32 ulps of logits of order 10 (~1e-5), where a wrong
+    # position or a missing normalisation is off by 0.1 or more
+    np.testing.assert_allclose(lp.token_logprobs, want[np.arange(6), generated], atol=1e-4)
+    for step, top in enumerate(lp.top_logprobs):
+        values = list(top.values())
+        assert len(top) == 3 and values == sorted(values, reverse=True)
+        assert values[0] == lp.token_logprobs[step], "the greedy token is the most likely one"
+        np.testing.assert_allclose(values, np.sort(want[step])[::-1][:3], atol=1e-4)
+    assert len(text) == len(b"".join(raw).decode("utf-8", errors="replace"))
+
+
+def test_streamed_chat_logprobs_pair_with_the_tokens(server, tiny):
+    messages = [{"role": "user", "content": "hi"}]
+    chunks = list(server.client.chat.completions.create(
+        model="tiny", messages=messages, max_tokens=6, temperature=0.8, seed=3, logprobs=True, top_logprobs=2,
+        stream=True))
+    entries = [e for c in chunks if c.choices and c.choices[0].logprobs for e in c.choices[0].logprobs.content]
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert len(entries) == 6 and bytes(b for e in entries for b in e.bytes).decode(errors="replace") == text
+    for e in entries:
+        assert e.logprob <= 0 and len(e.top_logprobs) == 2
+        assert e.top_logprobs[0].logprob >= e.top_logprobs[1].logprob
+        assert e.logprob <= e.top_logprobs[0].logprob, "nothing is more likely than the most likely"
+    plain = server.client.chat.completions.create(model="tiny", messages=messages, max_tokens=6, logprobs=True)
+    assert len(plain.choices[0].logprobs.content) == 6
+    assert all(e.top_logprobs == [] for e in plain.choices[0].logprobs.content)
+    without = server.client.chat.completions.create(model="tiny", messages=messages, max_tokens=2)
+    assert without.choices[0].logprobs is None
+
+
 def test_stop_string_ends_the_text_before_it(server, tiny):
     full = alone(tiny, "hello", 20).text
     stop = full[5:7]
@@ -237,7 +300,9 @@ def test_health_and_metrics(server):
     ({"prompt": "x", "stop": 5}, "stop"),
     ({"prompt": "x", "stream": "yes"}, "stream"),
     ({"prompt": "x", "stream_options": {"include_usage": True}}, "stream_options"),
-    ({"prompt": "x", "logprobs": 2}, "logprobs"),
+    ({"prompt": "x", "logprobs": 21}, "logprobs"),
+    ({"prompt": "x", "logprobs": -1}, "logprobs"),
+    ({"prompt": "x", "logprobs": True}, "logprobs"),
     ({"prompt": "x", "echo": True}, "echo"),
     ({"prompt": "x", "suffix": "y"}, "suffix"),
     ({"prompt": "x", "logit_bias": {"1": 2}}, "logit_bias"),
@@ -265,6 +330,8 @@ def test_completion_bad_input_is_a_400_naming_the_field(server, body, param):
     ({"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 0}, "max_completion_tokens"),
     ({"messages": [{"role": "user", "content": "hi"}], "tools": []}, "tools"),
     ({"messages": [{"role": "user", "content": "hi"}], "top_logprobs": 3}, "top_logprobs"),
+    ({"messages": [{"role": "user", "content": "hi"}], "logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+    ({"messages": [{"role": "user", "content": "hi"}], "logprobs": "yes"}, "logprobs"),
     ({"messages": [{"role": "user", "content": "x" * 600}]}, "messages"),
 ])
 def test_chat_bad_input_is_a_400_naming_the_field(server, body, param):

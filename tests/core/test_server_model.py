@@ -8,8 +8,10 @@ from __future__ import annotations
 import json
 import re
 import time
+from pathlib import Path
 
 import httpx
+import numpy as np
 import pytest
 
 openai = pytest.importorskip("openai")
@@ -17,9 +19,11 @@ pytest.importorskip("fastapi")
 
 import llmrs_core as llmrs  # noqa: E402
 from llmrs_core.server import BackgroundServer, create_app  # noqa: E402
+from llmrs_core.server.protocol import token_text  # noqa: E402
 
 pytestmark = pytest.mark.model
 WAIT = 120.0
+GOLDEN = Path(__file__).resolve().parents[1] / "golden"
 
 
 @pytest.fixture(scope="module")
@@ -93,3 +97,23 @@ def test_a_client_that_leaves_is_aborted_within_two_steps(served):
         time.sleep(0.005)
     assert loop.steps - steps_at_close <= 2
     assert not loop.engine.requests
+
+
+def test_logprobs_through_the_server_match_transformers(smol, served):
+    """The first generated token's log-probability, through HTTP and the openai client, against
+    transformers' float32 run of the same weights (tests/golden, scripts/capture_golden.py)."""
+    _, _, client = served
+    golden = np.load(GOLDEN / "smollm2_hf_golden.npz")
+    tokenizer = smol.tokenizer
+    for i in range(len(golden["prompts"])):
+        ids = golden[f"ids_{i}"].tolist()
+        r = client.completions.create(model="smol", prompt=ids, max_tokens=1, temperature=0, logprobs=5)
+        lp = r.choices[0].logprobs
+        best = int(golden[f"argmax_{i}"][-1])
+        assert lp.tokens == [token_text(tokenizer.token_bytes(best))], f"prompt {i}: not transformers' argmax"
+        # 1e-3 nats: the bound test_model_golden.py justifies for our logits against transformers'
+        assert abs(lp.token_logprobs[0] - float(golden[f"max_logprob_{i}"][-1])) < 1e-3, f"prompt {i}"
+        sample = {token_text(tokenizer.token_bytes(int(t))): float(v)
+                  for t, v in zip(golden[f"last_ids_{i}"], golden[f"last_logprobs_{i}"])}
+        shared = set(sample) & set(lp.top_logprobs[0])
+        assert all(abs(lp.top_logprobs[0][t] - sample[t]) < 1e-3 for t in shared), f"prompt {i}"
