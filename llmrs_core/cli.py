@@ -4,6 +4,7 @@
     llmrs info [MODEL] [--json] [--context N]         chapter 1
     llmrs tokenize TEXT [--json] [--no-special]       chapter 2
     llmrs generate PROMPT [--chat] [sampling options]  chapter 4
+    mpiexec -n 3 llmrs generate PROMPT --tp 3         chapter 11 (also --pp 2 under mpiexec -n 2)
     llmrs chat                                        chapter 4
     llmrs quantize IN OUT --type q8_0|q4_0|q4_1|q4_k|q6_k  chapter 6
     llmrs bench throughput [--requests N] [--json]    chapter 7
@@ -167,7 +168,14 @@ def _warm_up(model) -> None:
 def cmd_generate(args: argparse.Namespace) -> int:
     check_max_tokens(args.max_tokens)  # before loading anything
     args.backend = _backend_of(args)
-    model = load(args.model, backend=args.backend, threads=args.threads)
+    if args.tp != 1 or args.pp != 1:  # one rank of an mpiexec launch (chapter 11)
+        from .distributed.ranks import run_on_ranks
+
+        return run_on_ranks(args, _generate)
+    return _generate(args, load(args.model, backend=args.backend, threads=args.threads))
+
+
+def _generate(args: argparse.Namespace, model) -> int:
     if args.backend == "learner":
         print(model.backend_report(), file=sys.stderr)
     _warm_up(model)
@@ -430,6 +438,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--chat", action="store_true", help="wrap the prompt as a user message in the chat template")
     p.add_argument("--json", action="store_true", help="print the completion as JSON instead of streaming")
     _add_sampling_options(p, max_tokens=128)
+    p.add_argument("--tp", type=int, default=1,
+                   help="tensor-parallel ranks, under mpiexec -n TP (chapter 11; the dist extra)")
+    p.add_argument("--pp", type=int, default=1,
+                   help="pipeline-parallel stages, under mpiexec -n PP (chapter 11; the dist extra)")
     p.set_defaults(func=cmd_generate)
 
     p = sub.add_parser("chat", help="an interactive chat using the model's chat template")

@@ -19,6 +19,8 @@ from typing import Any
 import numpy as np
 
 from .backends import BACKENDS, DEFAULT_BACKEND, get_backend
+from .distributed.communicator import Communicator
+from .distributed.plan import StepPlan
 from .fetch import default_model_path, fetch_model
 from .formats.gguf import read_gguf
 from .formats.hf import HFWeights
@@ -44,18 +46,26 @@ class Model:
             exercise code where it exists; chapters 3-4).
     """
 
-    def __init__(self, source: WeightSource, backend: str | None = None, threads: int | None = None):
+    def __init__(self, source: WeightSource, backend: str | None = None, threads: int | None = None,
+                 split: tuple[WeightSource, StepPlan] | None = None):
         self.gguf = source
         self.path = source.path
         self.config = source.config
         check_tensors(source, self.config)  # at load, not at the first forward pass
         self.backend = DEFAULT_BACKEND if backend is None else backend
         self._backend = get_backend(self.backend, threads)
+        #: a distributed rank's shard of ``source`` and the step plan that communicates (chapter 11)
+        self.split = split
 
     @functools.cached_property
     def network(self) -> LlamaModel:
-        """The weights on the backend, loaded on first use (chapter 4)."""
-        return LlamaModel(self.gguf, self.config, self._backend)
+        """The weights on the backend, loaded on first use (chapter 4); a distributed rank's
+        own shard of them (chapter 11)."""
+        if self.split is None:
+            return LlamaModel(self.gguf, self.config, self._backend)
+        part, plan = self.split
+        rows = part.tensors["token_embd.weight"].shape[0]
+        return LlamaModel(part, part.config, self._backend, plan=plan, vocab_rows=rows)
 
     @property
     def compiles_kernels(self) -> bool:
@@ -240,7 +250,8 @@ class Model:
 
 
 def load(path: str | os.PathLike[str] | None = None, backend: str | None = None,
-         threads: int | None = None) -> Model:
+         threads: int | None = None, tp: int = 1, pp: int = 1, comm: Communicator | None = None,
+         vocab_parallel: bool = True) -> Model:
     """Load a model: SmolLM2-135M-Instruct by default (fetched if missing), a GGUF file,
     or a Hugging Face directory (``config.json`` + ``model.safetensors``, chapter 10).
 
@@ -248,9 +259,35 @@ def load(path: str | os.PathLike[str] | None = None, backend: str | None = None,
     ``"numpy"`` (the float32 reference the early chapters read) or
     ``"learner"``; ``threads``: the Numba backend's threads (default: all).
 
+    ``tp`` / ``pp`` (chapter 11): this process is one rank of a tensor-parallel (``tp``)
+    or pipeline-parallel (``pp``) run started by ``mpiexec -n tp*pp`` (or of ``comm``, an
+    in-process group); it loads only its shard, and every rank must make the same calls
+    (``generate`` returns the same completion on each). ``vocab_parallel=False`` keeps the
+    embedding and output head whole on every rank. A rank that fails to load makes every
+    rank raise :class:`~llmrs_core.distributed.launch.RankFailed`.
+
     Raises ``FileNotFoundError`` for a missing path, ``GGUFError`` (a ``ValueError``)
     for a malformed file and ``ValueError`` for an unknown backend.
     """
+    if tp != 1 or pp != 1:
+        from .distributed.launch import agree, connect, shard
+
+        comm = connect(tp, pp, comm)
+
+        def load_shard() -> Model:
+            source = _open(path, backend)
+            model = Model(source, backend=backend, threads=threads,
+                          split=shard(source, comm, tp, pp, vocab_parallel))
+            _ = model.network  # load the weights now, so that every rank knows every rank loaded
+            return model
+
+        return agree(comm, load_shard)
+    source = _open(path, backend)
+    return Model(source, backend=backend, threads=threads)
+
+
+def _open(path: str | os.PathLike[str] | None, backend: str | None) -> WeightSource:
+    """The weight source at ``path`` (default: SmolLM2, fetched if missing)."""
     if backend is not None and backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; available: {', '.join(BACKENDS)}")
     if path is None:
@@ -258,6 +295,4 @@ def load(path: str | os.PathLike[str] | None = None, backend: str | None = None,
         if not path.exists():
             path = fetch_model()
     path = Path(path)
-    if path.is_dir():
-        return Model(HFWeights(path), backend=backend, threads=threads)
-    return Model(read_gguf(path), backend=backend, threads=threads)
+    return HFWeights(path) if path.is_dir() else read_gguf(path)

@@ -26,6 +26,7 @@ import numpy as np
 
 from .backends.base import Backend
 from .config import ModelConfig
+from .distributed.plan import SingleProcess, StepPlan
 from .formats.source import WeightSource
 from .kv_cache.base import KVCache
 from .kv_cache.contiguous import ContiguousKVCache
@@ -46,13 +47,16 @@ class LayerWeights:
     w_down: Any
 
 
-def check_tensors(gguf: WeightSource, c: ModelConfig) -> None:
+def check_tensors(gguf: WeightSource, c: ModelConfig, vocab_rows: int | None = None) -> None:
     """Every tensor the forward pass reads exists with the shape the config ``c`` implies, and
-    the source has no tensor the model would ignore (a wrong block count, another architecture)."""
+    the source has no tensor the model would ignore (a wrong block count, another architecture).
+    ``vocab_rows``: rows of the embedding table and output head, when a tensor-parallel shard
+    holds only part of the vocabulary (chapter 11); default ``c.vocab_size``."""
     d, q_out, kv_out = c.hidden_size, c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim
-    want = {"token_embd.weight": (c.vocab_size, d), "output_norm.weight": (d,)}
+    v = c.vocab_size if vocab_rows is None else vocab_rows
+    want = {"token_embd.weight": (v, d), "output_norm.weight": (d,)}
     if not c.tie_embeddings:
-        want["output.weight"] = (c.vocab_size, d)
+        want["output.weight"] = (v, d)
     for i in range(c.n_layers):
         p = f"blk.{i}."
         want |= {
@@ -96,13 +100,19 @@ class LlamaModel:
     ``source`` is a :class:`~llmrs_core.formats.source.WeightSource`: a GGUF
     file, or a Hugging Face directory (chapter 10), whose ``rope_layout`` the
     backend learns in :meth:`~llmrs_core.backends.base.Backend.prepare`.
+
+    ``plan`` splits each step across processes (chapter 11): the default is one process;
+    a tensor- or pipeline-parallel rank gets a shard as ``source`` (its own, smaller
+    ``config``) and a :class:`~llmrs_core.distributed.plan.StepPlan` that communicates.
     """
 
-    def __init__(self, source: WeightSource, config: ModelConfig, backend: Backend):
+    def __init__(self, source: WeightSource, config: ModelConfig, backend: Backend,
+                 plan: StepPlan | None = None, vocab_rows: int | None = None):
         self.config = config
         self.backend = backend
+        self.plan = SingleProcess() if plan is None else plan
         self.source_path = source.path  # for messages that blame the weights
-        check_tensors(source, config)
+        check_tensors(source, config, vocab_rows)
         backend.prepare(source)
         b, gguf = backend, source
         self.token_embd = b.load_matrix(gguf, "token_embd.weight")
@@ -181,7 +191,8 @@ class LlamaModel:
         unrotated = [cache.stores_unrotated_keys for cache in caches]
         n = int(bounds[-1])
         b.begin_step(n)
-        x = b.embed(self.token_embd, np.concatenate(all_ids))
+        p = self.plan  # the identity in one process; collectives in a distributed one
+        x = p.embed(b, self.token_embd, np.concatenate(all_ids))
         for i, layer in enumerate(self.layers):
             h = b.rms_norm(x, layer.attn_norm, c.rms_norm_eps)
             # RoPE for every token of every sequence in one call: positions are per token
@@ -198,13 +209,11 @@ class LlamaModel:
                 if unrotated[j]:
                     keys = b.rope(keys, cache.key_positions(t), c.rope_theta)
                 outs.append(b.attention(q_all[lo:hi], keys, values).reshape(t, c.n_heads * c.head_dim))
-            x = x + b.matmul(b.xp.concatenate(outs) if len(outs) > 1 else outs[0], layer.wo)
+            x = x + p.reduce(b.matmul(b.xp.concatenate(outs) if len(outs) > 1 else outs[0], layer.wo))
             h = b.rms_norm(x, layer.ffn_norm, c.rms_norm_eps)
             gate, up = b.matmul_many(h, [layer.w_gate, layer.w_up])
-            x = x + b.matmul(b.swiglu(gate, up), layer.w_down)
-        if last_only:
-            x = x[bounds[1:] - 1]
-        logits = b.matmul(b.rms_norm(x, self.output_norm, c.rms_norm_eps), self.output)
+            x = x + p.reduce(b.matmul(b.swiglu(gate, up), layer.w_down))
+        logits = p.logits(x, bounds[1:] - 1 if last_only else None, self._head)
         self._check_finite(logits)
         # Only a step that succeeded moves the caches on: after a failure (here or in any
         # operation above) every cache is as it was, and the step can be run again.
@@ -213,6 +222,11 @@ class LlamaModel:
         if last_only:
             return [logits[j : j + 1] for j in range(len(batch))]
         return [logits[bounds[j] : bounds[j + 1]] for j in range(len(batch))]
+
+    def _head(self, x: np.ndarray) -> np.ndarray:
+        """Final norm and output head: ``x [R, d]`` -> logits ``[R, vocab rows]``."""
+        b = self.backend
+        return b.matmul(b.rms_norm(x, self.output_norm, self.config.rms_norm_eps), self.output)
 
     def _check_finite(self, logits: Any) -> None:
         """One cheap check per step: a NaN must never become token 0 or an empty answer."""
