@@ -2,8 +2,64 @@
 
 from __future__ import annotations
 
+import dataclasses
+
+from llmrs_core.kernels.gpu.memory_pool import (
+    PYTORCH_CONFIG,
+    CachingAllocator,
+    DeviceAllocator,
+    PoolConfig,
+    is_small,
+    round_size,
+    segment_size,
+    should_split,
+)
+
+__all__: list[str] = []  # each exercise's region adds its names
+
 # -- Exercise 9.7 ---------------------------------------------------------------------
 
 # -- Exercise 9.8 ---------------------------------------------------------------------
 
 # -- Exercise 9.9 ---------------------------------------------------------------------
+
+__all__ += [
+    "DeviceAllocator",
+    "MemoryPool",
+    "PoolConfig",
+    "is_small",
+    "round_size",
+    "segment_size",
+    "should_split",
+]
+
+_STATS = (
+    "allocated_bytes",
+    "peak_allocated_bytes",
+    "reserved_bytes",
+    "peak_reserved_bytes",
+    "num_allocs",
+    "num_frees",
+    "num_cache_hits",
+    "num_segments",
+)
+
+
+class MemoryPool:
+    """The engine's :class:`CachingAllocator` on one stream, seen through the exercise's interface."""
+
+    def __init__(self, device: DeviceAllocator, config: PoolConfig = PYTORCH_CONFIG) -> None:
+        self._pool = CachingAllocator(device, config=config)
+
+    def malloc(self, nbytes: int) -> int:
+        return self._pool.malloc(nbytes)
+
+    def free(self, ptr: int) -> None:
+        self._pool.free(ptr)
+
+    def stats(self) -> dict[str, int]:
+        stats = dataclasses.asdict(self._pool.stats())
+        return {k: stats[k] for k in _STATS}
+
+    def segments(self) -> list[list[tuple[int, int, bool]]]:
+        return [[(b.ptr, b.size, b.state == "allocated") for b in s.blocks] for s in self._pool.snapshot()]

@@ -11,8 +11,99 @@ simulator (on the CPU, slowly: the tests use tiny shapes). Check your work with
 
 from __future__ import annotations
 
+from llmrs_core.kernels.gpu.memory_pool import (
+    PYTORCH_CONFIG,
+    DeviceAllocator,
+    PoolConfig,
+    is_small,
+    segment_size,
+    should_split,
+)
+
+__all__: list[str] = []  # each exercise's region adds its names
+
 # -- Exercise 9.7: a first CUDA kernel ------------------------------------------------
 
 # -- Exercise 9.8: dequantize-and-matvec ----------------------------------------------
 
 # -- Exercise 9.9: a GPU memory pool --------------------------------------------------
+
+__all__ += [
+    "DeviceAllocator",
+    "MemoryPool",
+    "PoolConfig",
+    "is_small",
+    "round_size",
+    "segment_size",
+    "should_split",
+]
+
+
+def round_size(nbytes: int, config: PoolConfig = PYTORCH_CONFIG) -> int:
+    """``nbytes`` rounded up to a multiple of ``config.min_block`` (512): every block's size.
+
+    0 bytes still takes one block (512). A negative size, or one that is not an ``int``,
+    raises ``ValueError``.
+    """
+    raise NotImplementedError("Exercise 9.9 `round_size`: not implemented yet — see ch09_gpu.ipynb §9.9")
+
+
+class MemoryPool:
+    """A caching allocator over a device: the core of PyTorch's ``CUDACachingAllocator``.
+
+    ``device`` has ``malloc(n) -> ptr``, ``free(ptr)`` and ``mem_info()`` (a
+    :class:`DeviceAllocator`; in the notebook and the tests a ``FakeDevice``). The rules:
+
+    - **round** every request with :func:`round_size`;
+    - **two pools**: a rounded size with ``is_small(size, config)`` (at most 1 MiB) is served
+      only from small segments, any other only from large ones; keep one free list per pool;
+    - **best fit**: take the smallest free block of the pool that fits (the lowest address
+      among equal sizes); if none fits, ``device.malloc(segment_size(size, config))`` makes a
+      new segment, which starts as one free block as large as itself;
+    - **split**: if ``should_split(block_size, size, config)``, cut the block in two: the
+      front ``size`` bytes are handed out, the rest stays free; otherwise hand out all of it;
+    - **coalesce**: a freed block merges with the free blocks right before and after it in
+      its segment (if ``config.coalesce``, which is True by default);
+    - segments are never given back to the device (that is the engine's ``empty_cache``).
+
+    One stream only; the engine (``llmrs_core.kernels.gpu.memory_pool.CachingAllocator``)
+    adds streams, events, the out-of-memory retry and ``empty_cache``.
+    """
+
+    def __init__(self, device: DeviceAllocator, config: PoolConfig = PYTORCH_CONFIG) -> None:
+        raise NotImplementedError(
+            "Exercise 9.9 `MemoryPool.__init__`: not implemented yet — see ch09_gpu.ipynb §9.9"
+        )
+
+    def malloc(self, nbytes: int) -> int:
+        """Address of a block of ``round_size(nbytes)`` bytes (or more, where it was not split)."""
+        raise NotImplementedError(
+            "Exercise 9.9 `MemoryPool.malloc`: not implemented yet — see ch09_gpu.ipynb §9.9"
+        )
+
+    def free(self, ptr: int) -> None:
+        """Return the block at ``ptr`` to its pool's free list, merged with free neighbours.
+
+        An address that :meth:`malloc` did not return, or that was freed already, raises ``ValueError``.
+        """
+        raise NotImplementedError(
+            "Exercise 9.9 `MemoryPool.free`: not implemented yet — see ch09_gpu.ipynb §9.9"
+        )
+
+    def stats(self) -> dict[str, int]:
+        """The counters, as a dict with exactly these keys:
+
+        ``allocated_bytes`` (sizes of the blocks handed out and not freed), ``peak_allocated_bytes``,
+        ``reserved_bytes`` (sizes of the segments taken from the device), ``peak_reserved_bytes``,
+        ``num_allocs`` and ``num_frees`` (calls), ``num_cache_hits`` (mallocs served without a
+        ``device.malloc``), ``num_segments`` (segments held).
+        """
+        raise NotImplementedError(
+            "Exercise 9.9 `MemoryPool.stats`: not implemented yet — see ch09_gpu.ipynb §9.9"
+        )
+
+    def segments(self) -> list[list[tuple[int, int, bool]]]:
+        """Every segment, by address: its blocks in address order as ``(ptr, size, allocated)``."""
+        raise NotImplementedError(
+            "Exercise 9.9 `MemoryPool.segments`: not implemented yet — see ch09_gpu.ipynb §9.9"
+        )
