@@ -72,9 +72,17 @@ def agree(comm: Communicator, step: Callable[[], T], what: str = "load the model
     except Exception as e:  # noqa: BLE001 - reported to every rank below
         error = f"{type(e).__name__}: {' '.join(str(e).split())}"
     outcomes = comm.gather_objects(error)
-    failed = [(r, msg) for r, msg in enumerate(outcomes) if msg is not None]
-    if failed:
-        raise RankFailed("; ".join(f"rank {r} failed to {what}: {msg}" for r, msg in failed))
+    by_error: dict[str, list[int]] = {}
+    for r, msg in enumerate(outcomes):
+        if msg is not None:
+            by_error.setdefault(msg, []).append(r)
+    if by_error:
+        def who(ranks: list[int]) -> str:
+            if len(ranks) == len(outcomes) > 1:
+                return "every rank"
+            return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, ranks))
+
+        raise RankFailed("; ".join(f"{who(ranks)} failed to {what}: {msg}" for msg, ranks in by_error.items()))
     return result
 
 

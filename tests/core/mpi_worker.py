@@ -1,0 +1,35 @@
+"""Run under ``mpiexec`` by ``test_distributed_mpi.py``: one rank of a split model.
+
+``python mpi_worker.py MODEL TP PP PROMPT_IDS_JSON N OUT_NPZ [-- CLI ARGS...]``: loads this rank's
+shard with ``llmrs.load(MODEL, tp=TP, pp=PP)``, generates ``N`` greedy tokens after the prompt
+and computes the logits of prompt + tokens; rank 0 writes both to ``OUT_NPZ``. Then, if given,
+it runs ``llmrs CLI ARGS`` in the same launch (its output on rank 0's stdout), so that one
+launch checks both the front door and the command line.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import numpy as np
+
+import llmrs_core as llmrs
+from llmrs_core.cli import main
+from llmrs_core.distributed.ranks import launcher_rank
+
+
+def run(argv: list[str]) -> int:
+    split = argv.index("--") if "--" in argv else len(argv)
+    model, tp, pp, prompt, n, out = argv[:split]
+    m = llmrs.load(model, backend="numba", threads=1, tp=int(tp), pp=int(pp))
+    prompt_ids = json.loads(prompt)
+    tokens = m.generate(prompt_ids, max_tokens=int(n)).token_ids
+    logits = m.logits(prompt_ids + tokens)
+    if launcher_rank() == 0:
+        np.savez(out, tokens=np.array(tokens), logits=logits)
+    return main(argv[split + 1:]) if split < len(argv) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(run(sys.argv[1:]))
