@@ -249,28 +249,33 @@ class EngineLoop:
                     submissions, self._submissions = list(self._submissions), deque()
                     aborts, self._aborts = self._aborts, set()
                     self._pending -= sum(len(s.requests) for s in submissions)
-                for s in submissions:
-                    self._admit(engine, s, aborts)
-                finished = [rid for rid in aborts if rid in self._streams]
-                for rid in finished:
-                    engine.abort(rid)
-                    self._deliver(RequestOutput(rid, [], "", True, "abort"))
-                outputs: list[RequestOutput] = []
-                if engine.has_unfinished():
-                    outputs = engine.step()
-                    self.steps = engine.steps
-                    engine.check_progress(outputs)
-                for out in outputs:
-                    self._deliver(out)
-                if self._on_step is not None:
-                    self._on_step(engine, outputs)
-                for rid in finished + [o.request_id for o in outputs if o.finished]:
-                    engine.release(rid)
-                self._engine_waiting = len(engine.scheduler.waiting)
+                self._iterate(engine, submissions, aborts)
+                del submissions  # while the loop sleeps it holds no request's stream
             self._shut_down(engine, EngineDeadError("the server is shutting down"))
         except BaseException as e:  # the loop is dead: say why to everyone waiting on it
             self.error = f"the engine loop failed: {type(e).__name__}: {e}"
             self._shut_down(engine, EngineDeadError(self.error))
+
+    def _iterate(self, engine: Engine, submissions: list[_Submission], aborts: set[str]) -> None:
+        """One iteration: admit, apply aborts, step, deliver, observe, release."""
+        for s in submissions:
+            self._admit(engine, s, aborts)
+        finished = [rid for rid in aborts if rid in self._streams]
+        for rid in finished:
+            engine.abort(rid)
+            self._deliver(RequestOutput(rid, [], "", True, "abort"))
+        outputs: list[RequestOutput] = []
+        if engine.has_unfinished():
+            outputs = engine.step()
+            self.steps = engine.steps
+            engine.check_progress(outputs)
+        for out in outputs:
+            self._deliver(out)
+        if self._on_step is not None:
+            self._on_step(engine, outputs)
+        for rid in finished + [o.request_id for o in outputs if o.finished]:
+            engine.release(rid)
+        self._engine_waiting = len(engine.scheduler.waiting)
 
     def _admit(self, engine: Engine, s: _Submission, aborts: set[str]) -> None:
         """Add one submission's requests (all or none); settle its future."""
