@@ -6,9 +6,11 @@ with the same threads, listening on 127.0.0.1 on a free port. Each has
 ``start_timeout`` seconds to get ready and is always stopped — SIGTERM, then a
 kill — when its runs end, fail, or Ctrl-C interrupts them.
 
-llama-cpp-python's server runs as it ships: ``interrupt_requests`` on, so a
-request that arrives while another streams cuts that stream short (``[DONE]``
-with no ``finish_reason``): the benchmark reports those answers as truncated.
+llama-cpp-python's server runs twice: as it ships, with ``interrupt_requests``
+on, so that a request arriving while another streams cuts that stream short
+(``[DONE]`` with no ``finish_reason``: the benchmark reports those answers as
+truncated); and with ``--interrupt_requests False``, which answers everyone in
+turn, one request at a time (its server holds one lock for every route).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from .serve import Load, Workload, benchmark
 
 OURS = "llmrs"
 LLAMA_CPP = "llama-cpp-python"
+LLAMA_CPP_IN_TURN = "llama-cpp-python (no interrupt)"
 LLAMA_CPP_INSTALL = ("llama-cpp-python's server is not installed: pip install 'llama-cpp-python[server]' "
                      "(it compiles llama.cpp, about 5 minutes)")
 
@@ -59,11 +62,12 @@ def our_command(model: str, port: int, threads: int | None, max_num_seqs: int,
     return cmd
 
 
-def llama_cpp_command(model: str, port: int, threads: int, n_ctx: int) -> list[str]:
-    """llama-cpp-python's server on ``model``, 127.0.0.1:``port``, ``threads`` for prompts and decoding."""
+def llama_cpp_command(model: str, port: int, threads: int, n_ctx: int, interrupt: bool = True) -> list[str]:
+    """llama-cpp-python's server on ``model``, 127.0.0.1:``port``, ``threads`` for prompts and decoding;
+    ``interrupt=False``: a new request waits instead of cutting the one streaming."""
     return [sys.executable, "-m", "llama_cpp.server", "--model", str(model), "--host", "127.0.0.1",
             "--port", str(port), "--n_threads", str(threads), "--n_threads_batch", str(threads),
-            "--n_ctx", str(n_ctx)]
+            "--n_ctx", str(n_ctx), "--interrupt_requests", str(interrupt)]
 
 
 class ManagedServer:
@@ -153,11 +157,14 @@ def compare(model: str | Path, loads: Sequence[Load], workloads: Callable[[int],
     _run_with(server, servers, loads, workloads, seed, slos, timeout, "ignore_eos", on_level)
     missing = llama_cpp_server_missing() if with_llama_cpp else "llama-cpp-python: not asked for"
     if missing is None:
-        server = ManagedServer(LLAMA_CPP, lambda port: llama_cpp_command(model, port, threads or 2, n_ctx),
-                               "/v1/models", threads, start_timeout)
-        _run_with(server, servers, loads, workloads, seed, slos, timeout, "min_tokens", on_level)
-        notes.append("llama-cpp-python's server runs as shipped (interrupt_requests on): a request arriving "
-                     "while another streams cuts that stream; such answers count as truncated")
+        for name, interrupt in ((LLAMA_CPP, True), (LLAMA_CPP_IN_TURN, False)):
+            server = ManagedServer(
+                name, lambda port, interrupt=interrupt: llama_cpp_command(model, port, threads or 2, n_ctx, interrupt),
+                "/v1/models", threads, start_timeout)
+            _run_with(server, servers, loads, workloads, seed, slos, timeout, "min_tokens", on_level)
+        notes.append(f"{LLAMA_CPP} runs as shipped (interrupt_requests on): a request arriving while another "
+                     f"streams cuts that stream; such answers count as truncated. {LLAMA_CPP_IN_TURN}: "
+                     "--interrupt_requests False, one request at a time")
     else:
         notes.append(missing)
     return {"model_path": model, "threads": threads, "servers": servers, "notes": notes}
@@ -193,13 +200,15 @@ def format_table(servers: dict[str, dict]) -> str:
                 lines.append(f"{label:<16} {name:<{w}} {run['output_tokens_per_s']:7.1f} {run['requests_per_s']:6.2f} "
                              f"{ms['ttft_s']['p50']:9.0f} {ms['ttft_s']['p99']:7.0f} {ms['itl_s']['p50']:8.1f} "
                              f"{ms['itl_s']['p99']:6.1f} {run['failed']:6d} {run['truncated']:6d}")
-    if OURS in servers and LLAMA_CPP in servers:
+    for reference in (LLAMA_CPP, LLAMA_CPP_IN_TURN):
+        if OURS not in servers or reference not in servers:
+            continue
         ratios = []
-        for ours, theirs in zip(servers[OURS]["runs"], servers[LLAMA_CPP]["runs"]):
+        for ours, theirs in zip(servers[OURS]["runs"], servers[reference]["runs"]):
             rate = theirs["output_tokens_per_s"]
             ratios.append(f"{ours['label']} {ours['output_tokens_per_s'] / rate:.2f}x" if rate > 0
                           else f"{ours['label']} (theirs 0)")
-        lines.append(f"output tokens/s, {OURS} / {LLAMA_CPP}: " + ", ".join(ratios))
+        lines.append(f"output tokens/s, {OURS} / {reference}: " + ", ".join(ratios))
     lines.append("ms; latencies of the requests that succeeded; tok/s and req/s count only those")
     return "\n".join(lines)
 
@@ -232,5 +241,5 @@ def write_plot(servers: dict[str, dict], path: str | Path) -> None:
         fig.savefig(f, format="png", dpi=110)
 
 
-__all__ = ["LLAMA_CPP", "OURS", "ManagedServer", "compare", "format_table", "free_port",
+__all__ = ["LLAMA_CPP", "LLAMA_CPP_IN_TURN", "OURS", "ManagedServer", "compare", "format_table", "free_port",
            "llama_cpp_command", "llama_cpp_server_missing", "our_command", "write_plot"]
