@@ -22,6 +22,71 @@ __all__: list[str] = []
 
 # -- Exercise 11.5: a multi-process engine ------------------------------------------
 # (section 11.5)
+#
+# Weights are stored [out, in] (y = x @ W.T). Megatron's "column-parallel" linear keeps a band of
+# output features = a band of our ROWS; "row-parallel" keeps a band of input features = our COLUMNS
+# and yields a partial sum that an all-reduce completes. Helpers you may use:
+#   layers.rms_norm(x, weight, eps), layers.linear(x, w) (= x @ w.T), layers.swiglu(gate, up),
+#   rope.apply_rope_interleaved(x [T, H, D], positions [T], theta),
+#   attention.scaled_dot_product_attention(q [T, Hq, D], k [T, Hkv, D], v, causal=True) -> [T, Hq, D],
+#   comm.all_reduce(x) (sums x over the ranks, in place), comm.rank, comm.world_size.
+
+import numpy as np  # noqa: E402
+
+from llmrs_core import attention, layers, rope  # noqa: E402, F401
+from llmrs_core.config import ModelConfig  # noqa: E402
+from llmrs_core.distributed import Communicator  # noqa: E402
+
+__all__ += ["parallel_block", "shard_block", "split_cols", "split_rows"]
+
+
+def split_rows(w: np.ndarray, parts: int, index: int) -> np.ndarray:
+    """Column-parallel shard ``index`` of ``parts``: the band of rows (output features) of
+    ``w [out, in]`` -> ``[out / parts, in]``. ``ValueError`` if ``out`` does not divide evenly."""
+    raise NotImplementedError(
+        "Exercise 11.5 `split_rows`: not implemented yet — see ch11_distributed_serving.ipynb §11.5"
+    )
+
+
+def split_cols(w: np.ndarray, parts: int, index: int) -> np.ndarray:
+    """Row-parallel shard ``index`` of ``parts``: the band of columns (input features) of
+    ``w [out, in]`` -> ``[out, in / parts]``, C-contiguous. ``ValueError`` if ``in`` does not divide evenly."""
+    raise NotImplementedError(
+        "Exercise 11.5 `split_cols`: not implemented yet — see ch11_distributed_serving.ipynb §11.5"
+    )
+
+
+def shard_block(w: dict[str, np.ndarray], rank: int, world_size: int) -> dict[str, np.ndarray]:
+    """Rank ``rank``'s part of one decoder block's float32 weights.
+
+    ``w`` has ``attn_norm, wq, wk, wv, wo, ffn_norm, w_gate, w_up, w_down`` (each ``[out, in]``;
+    norms ``[d]``). Return the same keys: Q, K, V, gate and up column-parallel; o_proj (``wo``) and
+    down row-parallel; the norms whole. (With ``world_size`` dividing the KV heads, equal row bands
+    of Q and K/V keep whole heads, and each rank's query heads use its own KV heads.)
+    """
+    raise NotImplementedError(
+        "Exercise 11.5 `shard_block`: not implemented yet — see ch11_distributed_serving.ipynb §11.5"
+    )
+
+
+def parallel_block(x: np.ndarray, shard: dict[str, np.ndarray], comm: Communicator,
+                   config: ModelConfig) -> np.ndarray:
+    """One decoder block, tensor-parallel, for a whole sequence from position 0 (no cache).
+
+    ``x [T, d]``: the residual stream, the same on every rank; ``shard``: this rank's weights
+    (:func:`shard_block`); ``config``: the whole model's (this rank has ``n_heads / world_size``
+    query heads and ``n_kv_heads / world_size`` KV heads of ``head_dim``). Returns the block's
+    output ``[T, d]``, the same on every rank::
+
+        h = rms_norm(x, attn_norm);  q, k, v = h Wq^T, h Wk^T, h Wv^T   (this rank's heads)
+        x = x + attention(rope(q), rope(k), v) Wo^T                      (a partial sum: ...?)
+        h = rms_norm(x, ffn_norm)
+        x = x + swiglu(h Wgate^T, h Wup^T) Wdown^T                       (a partial sum: ...?)
+    """
+    raise NotImplementedError(
+        "Exercise 11.5 `parallel_block`: not implemented yet — see ch11_distributed_serving.ipynb §11.5"
+    )
+
 
 # -- Exercise 11.6: a streaming API --------------------------------------------------
 # (section 11.6)

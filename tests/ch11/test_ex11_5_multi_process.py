@@ -1,0 +1,177 @@
+"""Exercise 11.5 — a multi-process engine: column- and row-parallel splits, and a tensor-parallel block.
+
+The learner's code runs on the in-process communicator (threads, one per rank). References:
+NumPy slicing for the splits, and ``llmrs_core.testing.naive_llama`` (a float64 token-by-token
+loop sharing no code with the engine) for the block's output. Two float32 computations of the
+block that add its sums in different orders (the all-reduce adds per-rank partial sums) agree to
+``float32_tolerance(K)``, K the longest sum; the float64 reference is closer still.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from llmrs_core.distributed import LocalCommunicator, run_local
+from llmrs_core.testing import (
+    TINY_LLAMA,
+    float32_tolerance,
+    naive_llama,
+    normalised_error,
+    tiny_llama_config,
+    tiny_llama_tensors,
+)
+
+P = {**TINY_LLAMA, "n_layers": 1}  # 4 query heads, 2 KV heads: TP = 2 keeps one KV head per rank
+CONFIG = tiny_llama_config(**P)
+IDS = [3, 17, 5, 60, 0, 9, 41]
+NAMES = {"attn_norm": "attn_norm", "wq": "attn_q", "wk": "attn_k", "wv": "attn_v", "wo": "attn_output",
+         "ffn_norm": "ffn_norm", "w_gate": "ffn_gate", "w_up": "ffn_up", "w_down": "ffn_down"}
+TOL = float32_tolerance(max(CONFIG.hidden_size, CONFIG.intermediate_size))
+
+
+def _weights(zero: tuple[str, ...] = ()) -> dict[str, np.ndarray]:
+    w = tiny_llama_tensors(**P, seed=21)
+    for name in zero:  # a zero o_proj (or down) leaves only the MLP (or attention) in the block
+        w[f"blk.0.{NAMES[name]}.weight"] = np.zeros_like(w[f"blk.0.{NAMES[name]}.weight"])
+    return w
+
+
+def _block(w: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    return {key: w[f"blk.0.{name}.weight"] for key, name in NAMES.items()}
+
+
+def _reference(w: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """The block's input (embedding rows) and its output from the naive loop."""
+    _, hidden = naive_llama(w, P, IDS)
+    return w["token_embd.weight"][IDS].astype(np.float32), hidden[0]
+
+
+def _run(ex, w: dict[str, np.ndarray], tp: int) -> tuple[list[np.ndarray], list[int]]:
+    x0 = w["token_embd.weight"][IDS].astype(np.float32)
+    calls = [0] * tp
+
+    def rank(comm):
+        shard = ex.shard_block(_block(w), comm.rank, comm.world_size)
+        counting = _Counting(comm, calls)
+        return ex.parallel_block(x0.copy(), shard, counting, CONFIG)
+
+    return run_local(tp, rank, timeout=20), calls
+
+
+class _Counting(LocalCommunicator):
+    """The rank's communicator, counting its all-reduces."""
+
+    def __init__(self, inner: LocalCommunicator, calls: list[int]):
+        super().__init__(inner._group, inner.rank)
+        self.calls = calls
+
+    def all_reduce(self, x):
+        self.calls[self.rank] += 1
+        return super().all_reduce(x)
+
+
+# -- the splits -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("parts", [1, 2, 4])
+def test_ex11_5_split_rows_is_column_parallel(ex, parts):
+    w = np.arange(8 * 12, dtype=np.float32).reshape(8, 12)
+    for r in range(parts):
+        got = np.asarray(ex.split_rows(w, parts, r))
+        want = w[r * 8 // parts:(r + 1) * 8 // parts]
+        if got.shape == (8, 12 // parts) and parts > 1:
+            pytest.fail(f"split_rows(w [8, 12], {parts}, {r}) kept columns {got.shape}: a column-parallel "
+                        "shard keeps a band of output features, which are the ROWS of a [out, in] weight")
+        assert got.shape == want.shape, f"split_rows(w [8, 12], {parts}, {r}): shape {got.shape}, want {want.shape}"
+        np.testing.assert_array_equal(got, want, err_msg=f"split_rows(..., {parts}, {r}) took the wrong band of rows")
+
+
+@pytest.mark.parametrize("parts", [1, 2, 3])
+def test_ex11_5_split_cols_is_row_parallel(ex, parts):
+    w = np.arange(6 * 12, dtype=np.float32).reshape(6, 12)
+    for r in range(parts):
+        got = np.asarray(ex.split_cols(w, parts, r))
+        want = w[:, r * 12 // parts:(r + 1) * 12 // parts]
+        if got.shape == (6 // parts, 12) and parts > 1:
+            pytest.fail(f"split_cols(w [6, 12], {parts}, {r}) kept rows {got.shape}: a row-parallel shard "
+                        "keeps a band of input features, which are the COLUMNS of a [out, in] weight")
+        assert got.shape == want.shape, f"split_cols(w [6, 12], {parts}, {r}): shape {got.shape}, want {want.shape}"
+        np.testing.assert_array_equal(got, want, err_msg=f"split_cols(..., {parts}, {r}) took the wrong columns")
+        assert got.flags.c_contiguous, "split_cols must return a C-contiguous copy (a column slice is strided)"
+
+
+def test_ex11_5_uneven_splits_are_refused(ex):
+    w = np.zeros((6, 10), np.float32)
+    with pytest.raises(ValueError):
+        ex.split_rows(w, 4, 0)
+    with pytest.raises(ValueError):
+        ex.split_cols(w, 3, 0)
+
+
+def test_ex11_5_shard_block_splits_each_weight_the_right_way(ex):
+    block = _block(_weights())
+    shard = ex.shard_block(block, 1, 2)
+    assert set(shard) == set(block), f"shard_block must return the keys {sorted(block)}; got {sorted(shard)}"
+    for name in ("wq", "wk", "wv", "w_gate", "w_up"):
+        w, got = block[name], np.asarray(shard[name])
+        rows = w[w.shape[0] // 2:]
+        if got.shape == (w.shape[0], w.shape[1] // 2):
+            pytest.fail(f"{name} was split by columns: it is column-parallel (each rank computes its own heads "
+                        "or MLP features), so it keeps a band of rows")
+        np.testing.assert_array_equal(got, rows, err_msg=f"{name}: rank 1 of 2 keeps the second half of its rows")
+    for name in ("wo", "w_down"):
+        w, got = block[name], np.asarray(shard[name])
+        if got.shape == (w.shape[0] // 2, w.shape[1]):
+            pytest.fail(f"{name} was split by rows: it is row-parallel (its input is this rank's heads or MLP "
+                        "features), so it keeps a band of columns, and its product is a partial sum")
+        np.testing.assert_array_equal(got, w[:, w.shape[1] // 2:],
+                                      err_msg=f"{name}: rank 1 of 2 keeps the second half of its columns")
+    for name in ("attn_norm", "ffn_norm"):
+        np.testing.assert_array_equal(shard[name], block[name], err_msg=f"{name} is not split: every rank needs it")
+
+
+# -- the block ------------------------------------------------------------------------------
+
+
+def _check_against_reference(outs, x0, want, what: str, tp: int) -> None:
+    for rank, out in enumerate(outs):
+        err = normalised_error(out, want)
+        if err <= TOL:
+            continue
+        parts = [o - x0 for o in outs]
+        if normalised_error(sum(parts), want - x0) <= TOL:
+            pytest.fail(
+                f"layer 0's {what} on rank {rank} differs from one process's: each rank's is about 1/{tp} of it, "
+                f"and the ranks' add up to it: the partial sums of {'o_proj' if what == 'attention output' else 'down'}"
+                " were not all-reduced"
+            )
+        pytest.fail(f"rank {rank}: the block's output differs from one process's by {err:.2e} (> {TOL:.2e})")
+
+
+@pytest.mark.parametrize("tp", [2])
+def test_ex11_5_attention_output_is_all_reduced(ex, tp):
+    w = _weights(zero=("w_down",))  # the block is x + attention only
+    x0, want = _reference(w)
+    outs, _ = _run(ex, w, tp)
+    _check_against_reference(outs, x0, want, "attention output", tp)
+
+
+@pytest.mark.parametrize("tp", [2])
+def test_ex11_5_mlp_output_is_all_reduced(ex, tp):
+    w = _weights(zero=("wo",))  # the block is x + MLP only
+    x0, want = _reference(w)
+    outs, _ = _run(ex, w, tp)
+    _check_against_reference(outs, x0, want, "MLP output", tp)
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_ex11_5_block_equals_one_process_with_two_all_reduces(ex, tp):
+    w = _weights()
+    x0, want = _reference(w)
+    outs, calls = _run(ex, w, tp)
+    _check_against_reference(outs, x0, want, "output", tp)
+    assert calls == [2] * tp, (
+        f"each rank all-reduced {calls} times: a block needs exactly two (after o_proj and after down); "
+        "more moves data for nothing"
+    )
