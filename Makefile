@@ -5,6 +5,8 @@
 #   make test                  set up if needed, run the whole suite (what CI runs)
 #   make test-chapter 1        check your exercises for chapter 1 (IMPL=solutions for ours)
 #   make test-exercise E=1.6   check one exercise
+#   make progress              every exercise: not started, failing or passing; used by the engine?
+#   make reset E=1.6           put back the stubs of one exercise (your file is backed up first)
 #   make test-portable         the engine's numeric tests with Numba compiling for haswell, then generic
 #   make check-env             [OK]/[FAIL] for Python, dependencies, model, GPU
 #   make notebooks             re-run the notebooks so their stored outputs are current
@@ -27,7 +29,7 @@ SINGLE_THREAD := OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 
 .DEFAULT_GOAL := help
 .PHONY: help setup lab demo fetch test test-solutions test-engine test-portable check-stubs nbval lint format \
-        test-chapter test-exercise check-env notebooks bench bench-tokenizer bench-throughput bench-serve clean
+        test-chapter test-exercise progress reset check-env notebooks bench bench-tokenizer bench-throughput bench-serve clean
 
 # `make test-chapter 1`: the chapter number arrives as a goal of its own;
 # take it as N and give it an empty rule so make does not try to build it.
@@ -39,7 +41,7 @@ ifeq (test-chapter,$(firstword $(MAKECMDGOALS)))
 endif
 
 help:
-	@sed -n '1,14p' Makefile | sed 's/^# \{0,1\}//'
+	@sed -n '1,16p' Makefile | sed 's/^# \{0,1\}//'
 
 # -- set-up ---------------------------------------------------------------
 
@@ -67,16 +69,31 @@ demo: fetch
 	@echo '$$ llmrs generate --chat "What are the three primary colors?" --max-tokens 64'
 	@$(VENV)/bin/llmrs generate --chat "What are the three primary colors?" --max-tokens 64
 
+# The learner's commands end on the workbook's own last line: where one fails, the recipe stops make
+# with SIGPIPE, which neither make nor the shell reports (exit status 141, still a failure),
+# instead of letting make add "make: *** [Makefile:NN: test-chapter] Error 1" below it.
+QUIET_FAIL = { kill -PIPE $$PPID; exit 1; }
+# exercise tests hold no notebooks: without nbval's plugin (it imports jsonschema) pytest starts seconds sooner
+EXERCISE_PYTEST = $(SINGLE_THREAD) $(PYTEST) -p no:nbval
+
 test-chapter: setup
-	@if ! [[ "$(N)" =~ ^[0-9]+$$ ]]; then echo "usage: make test-chapter 1   (or N=1; add IMPL=solutions for the reference solutions)"; exit 2; fi
+	@if ! [[ "$(N)" =~ ^[0-9]+$$ ]]; then echo "usage: make test-chapter 1   (or N=1; add IMPL=solutions for the reference solutions)"; $(QUIET_FAIL); fi
 	@dir=tests/ch$$(printf %02d $(N)); \
-	if [ ! -d $$dir ]; then echo "chapter $(N) has no exercises yet"; exit 2; fi; \
-	$(SINGLE_THREAD) $(PYTEST) $$dir -q --no-header --tb=short --impl $(IMPL)
+	if [ ! -d $$dir ]; then echo "chapter $(N) has no exercises yet"; $(QUIET_FAIL); fi; \
+	$(EXERCISE_PYTEST) $$dir -q --no-header --tb=short --impl $(IMPL) || $(QUIET_FAIL)
 
 test-exercise: setup
-	@if ! [[ "$(E)" =~ ^[0-9]+\.[0-9]+$$ ]]; then echo "usage: make test-exercise E=1.6   (add IMPL=solutions for the reference solutions)"; exit 2; fi
-	@ch=$${E%%.*}; dir=tests/ch$$(printf %02d $$ch); key=ex$$(echo $(E) | tr . _)_; \
-	$(SINGLE_THREAD) $(PYTEST) $$dir -q --no-header --tb=short --impl $(IMPL) -k $$key
+	@if ! [[ "$(E)" =~ ^[0-9]+\.[0-9]+$$ ]]; then echo "usage: make test-exercise E=1.6   (add IMPL=solutions for the reference solutions)"; $(QUIET_FAIL); fi
+	@dir=tests/ch$$(printf %02d $(firstword $(subst ., ,$(E)))); \
+	if [ ! -d $$dir ]; then echo "chapter $(firstword $(subst ., ,$(E))) has no exercises yet"; $(QUIET_FAIL); fi; \
+	$(EXERCISE_PYTEST) $$dir -q --no-header --tb=short --impl $(IMPL) --exercise $(E) || $(QUIET_FAIL)
+
+progress: setup
+	@$(SINGLE_THREAD) $(PY) -m llmrs_core.workbook_progress || $(QUIET_FAIL)
+
+reset: setup
+	@if ! [[ "$(E)" =~ ^[0-9]+\.[0-9]+$$ ]]; then echo "usage: make reset E=3.6   (puts back that exercise's stubs; your exercises.py is backed up first)"; $(QUIET_FAIL); fi
+	@$(PY) -m llmrs_core.workbook_reset $(E) $(if $(REV),--rev $(REV)) || $(QUIET_FAIL)
 
 check-env:
 	@if [ -x $(PY) ]; then $(PY) llmrs_core/check_env.py; else $(PYTHON) llmrs_core/check_env.py; fi

@@ -5,9 +5,15 @@
   or ``solutions/chNN_*.py``. Tests receive it from the ``ex`` fixture.
 * Every test under ``tests/chNN/`` is marked ``chNN``; under ``tests/core/``,
   ``core``.
+* ``--exercise N.M`` (repeatable) runs only that exercise's tests
+  (``test_exN_M_*``); an exercise the chapter does not have is a usage error
+  that lists the ones it has.
 * A test that fails because an exercise raises its ``NotImplementedError``
-  is reported as *not implemented* — one line per exercise at the end, no
-  traceback — and still counts as a failure.
+  is reported as *not implemented* (mark ``N``, no traceback) and still
+  counts as a failure. A run of chapter tests ends with the workbook's own
+  report: every stub left in the exercises that ran (found in the file, not
+  only those a test reached), grouped by exercise; what the marks mean; and
+  a last line with each exercise's status and the next step.
 * ``--expect-stubs`` turns the chapter tests into a check of the untouched
   stubs: each test must fail with the pointed ``NotImplementedError``. A test
   that passes on a stub cannot fail, and one that errors otherwise hides the
@@ -24,7 +30,19 @@ from pathlib import Path
 
 import pytest
 
-from llmrs_core.workbook import IMPLS, current_impl, exercises, exercises_path
+from llmrs_core.workbook import (
+    CHAPTERS,
+    IMPLS,
+    TEST_NAME,
+    chapter_exercises,
+    current_impl,
+    exercises,
+    exercises_path,
+    find_stubs,
+    parse_exercise,
+    say_exercises,
+)
+from llmrs_core.workbook_report import LEGEND, engine_parts, final_line, results_for, stub_lines
 
 TESTS = Path(__file__).resolve().parent
 ROOT = TESTS.parent
@@ -47,6 +65,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         action="store_true",
         help="check that every chapter test fails on the untouched stubs with 'not implemented'",
     )
+    group.addoption(
+        "--exercise",
+        action="append",
+        default=[],
+        metavar="N.M",
+        help="run only the tests of exercise N.M (test_exN_M_*); may be given more than once",
+    )
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -54,6 +79,35 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "model: needs the real SmolLM2 model file (fetched if missing)")
     for n in range(13):
         config.addinivalue_line("markers", f"ch{n:02d}: chapter {n} exercise tests")
+    config.stash[_SELECTED] = _selected_exercises(config.getoption("--exercise"))
+
+
+_SELECTED = pytest.StashKey[set]()  # exercises named by --exercise ("3.6")
+_RUN = pytest.StashKey[dict]()  # chapter -> exercises whose tests were collected; None: not only chapter tests
+_LAST_LINE = pytest.StashKey[str]()
+
+
+def _selected_exercises(values: list[str]) -> set[str]:
+    """The ``--exercise`` values, checked against the exercises each chapter has."""
+    selected = set()
+    for value in values:
+        try:
+            chapter, exercise = parse_exercise(value)
+        except ValueError as e:
+            raise pytest.UsageError(str(e)) from None
+        if chapter not in CHAPTERS:
+            raise pytest.UsageError(f"there is no Exercise {exercise}: chapters are 0..{max(CHAPTERS)}")
+        known = chapter_exercises(chapter, ROOT)
+        if exercise not in known:
+            raise pytest.UsageError(f"there is no Exercise {exercise}: {say_exercises(chapter, known)}")
+        selected.add(exercise)
+    return selected
+
+
+def _exercise_of(name: str) -> str | None:
+    """``test_ex3_6_softmax[case]`` -> ``"3.6"``."""
+    m = TEST_NAME.match(name.rpartition("::")[2])
+    return f"{int(m['n'])}.{int(m['m'])}" if m else None
 
 
 def _chapter_of(path: Path) -> int | None:
@@ -72,6 +126,22 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(getattr(pytest.mark, f"ch{chapter:02d}"))
         elif item.path.resolve().is_relative_to(TESTS / "core"):
             item.add_marker(pytest.mark.core)
+    selected = config.stash[_SELECTED]
+    if selected:
+        keep = [item for item in items if _exercise_of(item.name) in selected]
+        config.hook.pytest_deselected(items=[item for item in items if _exercise_of(item.name) not in selected])
+        items[:] = keep
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    run: dict[int, set[str]] | None = {}
+    for item in session.items:
+        chapter, exercise = _chapter_of(item.path), _exercise_of(item.name)
+        if chapter is None or exercise is None:
+            run = None  # engine tests too (make test-solutions): no workbook report
+            break
+        run.setdefault(chapter, set()).add(exercise)
+    session.config.stash[_RUN] = run
 
 
 # -- the module under test --------------------------------------------------
@@ -244,19 +314,71 @@ def pytest_report_teststatus(report: pytest.TestReport, config: pytest.Config):
     return None
 
 
+def _outcomes(stats: dict[str, list]) -> dict[str, str]:
+    """nodeid -> the test's outcome over its phases ("not implemented" > "failed" > "skipped" > "passed")."""
+    rank = {"passed": 0, "skipped": 1, "failed": 2, "not implemented": 3}
+    category = {"passed": "passed", "failed": "failed", "error": "failed", "skipped": "skipped",
+                NOT_IMPLEMENTED: "not implemented"}
+    out: dict[str, str] = {}
+    for key, reports in stats.items():
+        outcome = category.get(key)
+        for r in reports if outcome else ():
+            nodeid = getattr(r, "nodeid", None)
+            if nodeid and rank[outcome] >= rank[out.get(nodeid, "passed")]:
+                out[nodeid] = outcome
+    return out
+
+
 def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
-    reports = terminalreporter.stats.get(NOT_IMPLEMENTED, [])
-    if not reports:
+    """The workbook's report after a run of chapter tests (not with --expect-stubs)."""
+    run = config.stash.get(_RUN, None)
+    if config.getoption("--expect-stubs") or not run:
         return
-    messages = list(dict.fromkeys(r.llmrs_not_implemented for r in reports))
     tr = terminalreporter
-    tr.write_sep("-", "exercises not implemented yet", yellow=True)
-    for m in messages:
-        tr.write_line(m)
-    chapters = sorted(
-        {c for r in reports if (c := _chapter_of(ROOT / r.nodeid.split("::")[0])) is not None}
-    )
-    tr.write_line("")
-    for c in chapters:
-        where = exercises_path(c, ROOT).relative_to(ROOT)
-        tr.write_line(f"Implement them in {where}, then run `make test-chapter {c}` again.")
+    impl = _impl(config)
+    outcomes = _outcomes(tr.stats)
+    last_lines, stub_report, legend = [], [], False
+    engine = None
+    for chapter in sorted(run):
+        ran = run[chapter]
+        stubs = []
+        if impl == "learner":
+            path = exercises_path(chapter, ROOT)
+            try:
+                stubs = [s for s in find_stubs(path.read_text()) if s.exercise in ran]
+            except SyntaxError as e:
+                last_lines.append(
+                    f"Chapter {chapter}: {path.relative_to(ROOT)} does not parse (line {e.lineno}: {e.msg}); "
+                    f"fix it, then run `make test-chapter {chapter}` again."
+                )
+                continue
+            except FileNotFoundError:
+                pass
+        pairs = [
+            (e, o) for nodeid, o in outcomes.items()
+            if _chapter_of(ROOT / nodeid.split("::")[0]) == chapter and (e := _exercise_of(nodeid)) in ran
+        ]
+        results = {e: r for e, r in results_for(chapter, pairs, stubs, ROOT).items() if e in ran}
+        stub_report += stub_lines(chapter, results.values(), ROOT)
+        legend = legend or any(r.failed or r.not_implemented for r in results.values())
+        if impl == "learner" and engine is None and all(r.status == "passing" for r in results.values()):
+            engine = engine_parts(ROOT) or {}
+        last_lines.append(final_line(chapter, results, impl, ROOT, engine))
+    if stub_report:
+        n = sum(1 for line in stub_report if line.startswith("    "))
+        tr.write_sep("-", f"not implemented yet: {n} function{'s' if n > 1 else ''} still raise NotImplementedError",
+                     yellow=True)
+        for line in stub_report:
+            tr.write_line(line)
+    if legend:
+        tr.write_line("")
+        tr.write_line(LEGEND)
+    config.stash[_LAST_LINE] = "\n".join(last_lines)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """The report's last line comes after pytest's own count of the tests."""
+    line = config.stash.get(_LAST_LINE, "")
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    if line and reporter is not None:
+        reporter.write_line(line, bold=True)

@@ -26,9 +26,19 @@ from .numpy_backend import NumpyBackend
 class Part:
     """Who computes one operation, and what the probe found."""
 
-    label: str
+    label: str  # "attention (Exercise 3.6)": what it is, and the exercise it comes from
     source: str  # "yours" or "reference"
     note: str = ""
+
+    @property
+    def name(self) -> str:
+        """The operation, as the learner knows it: ``"attention"``."""
+        return self.label.split(" (Exercise ")[0]
+
+    @property
+    def exercise(self) -> str:
+        """The exercise it comes from: ``"3.6"``."""
+        return self.label.rpartition("(Exercise ")[2].rstrip(")")
 
 
 def _probe_inputs(seed: int = 0) -> dict[str, tuple]:
