@@ -24,6 +24,7 @@ from llmrs_core.kernels.gpu.memory_pool import (
     round_size,
     segment_size,
 )
+from llmrs_core.kernels.gpu.memory_workload import DecodeWorkload, decode_trace, replay
 
 KiB, MiB = 1024, 1024 * 1024
 
@@ -436,3 +437,30 @@ TestPoolMachine = PoolMachine.TestCase
 TestPoolMachine.settings = settings(
     max_examples=60, stateful_step_count=40, deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )
+
+
+# -- the synthetic decode workload of §9.4 ---------------------------------------------------
+
+
+def test_decode_trace_is_well_formed_and_replays():
+    w = DecodeWorkload(steps=60, slots=3, min_tokens=5, max_tokens=40, chunk_tokens=8)
+    events = decode_trace(w)
+    assert events == decode_trace(w), "deterministic for a seed"
+    live: dict[int, int] = {}
+    for kind, handle, nbytes in events:
+        if kind == "malloc":
+            assert handle not in live and nbytes > 0
+            live[handle] = nbytes
+        elif kind == "free":
+            del live[handle]
+    caches = sorted(live.values())
+    assert len(caches) == 3, "at the end only the three sequences' KV caches are live"
+    assert all(n % (8 * w.kv_bytes_per_token) == 0 for n in caches), "caches grow by whole chunks"
+    assert sum(kind == "step" for kind, _, _ in events) == 60
+    pool, device, _ = make_pool(capacity=1 << 30, keep_bytes=False)
+    steps = []
+    still_live = replay(pool, events, steps.append)
+    assert steps == list(range(60)) and len(still_live) == 3
+    assert pool.stats().allocated_bytes == sum(pool.block_size(p) for p in still_live.values())
+    with pytest.raises(ValueError, match="a workload needs"):
+        decode_trace(DecodeWorkload(min_tokens=10, max_tokens=5))
