@@ -22,6 +22,7 @@ import json
 import os
 import sys
 import threading
+import time
 
 from . import __version__
 from .backends import BACKENDS, DEFAULT_BACKEND
@@ -313,7 +314,10 @@ def _bench_serve(args: argparse.Namespace) -> int:
         result = compare(args.model or default_model_path(), loads, workloads, threads=args.threads or 2, seed=seed,
                          slos=slos, backend=backends[0], n_ctx=max(2048, args.input_len + args.output_len + 64),
                          on_level=say)
-        result = {"workload": workload, **result}
+        from .bench.speed import machine
+
+        result = {"workload": workload, "machine": machine(),
+                  "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **result}
     else:
         url = args.base_url or "http://127.0.0.1:8000"
         measured = bs.benchmark(url, loads, workloads, length_field=args.length_field, seed=seed, slos=slos,
