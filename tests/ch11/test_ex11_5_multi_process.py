@@ -175,3 +175,38 @@ def test_ex11_5_block_equals_one_process_with_two_all_reduces(ex, tp):
         f"each rank all-reduced {calls} times: a block needs exactly two (after o_proj and after down); "
         "more moves data for nothing"
     )
+
+
+# -- once under a real mpiexec ---------------------------------------------------------------
+
+
+def test_ex11_5_block_under_mpiexec(ex, impl, tmp_path):
+    import json
+    import os
+    import shutil
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from llmrs_core.distributed.mpi import OVERSUBSCRIBED_ENV
+
+    ex.shard_block(_block(_weights()), 0, 2)  # a stub says "not implemented" here, not in a subprocess
+    mpiexec = shutil.which("mpiexec", path=str(Path(sys.executable).parent)) or shutil.which("mpiexec")
+    if mpiexec is None:
+        pytest.skip("mpiexec is not installed (pip install -e '.[dist]'): the in-process tests above still ran")
+    env = {**os.environ, **OVERSUBSCRIBED_ENV, "LLMRS_IMPL": impl, "OPENBLAS_NUM_THREADS": "1"}
+    worker = str(Path(__file__).with_name("mpi_ex11_5.py"))
+    proc = subprocess.Popen([mpiexec, "-n", "2", sys.executable, worker], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        pytest.fail(f"mpiexec -n 2 did not end within 60 s: does every rank call all_reduce the same number "
+                    f"of times? stderr: {err[-2000:]}")
+    assert proc.returncode == 0, f"your block failed under mpiexec -n 2:\n{err[-3000:]}"
+    errs = json.loads(out.strip().splitlines()[-1])["err"]
+    assert max(errs) <= TOL, (f"under mpiexec -n 2 the ranks' outputs differ from one process's by {errs} "
+                              f"(> {TOL:.2e}); in-process they passed: is your block's result the same on every rank?")

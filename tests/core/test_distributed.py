@@ -10,6 +10,8 @@ its logits are the single-process logits bit for bit.
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 
@@ -233,3 +235,24 @@ def test_tp_without_mpiexec_says_how_to_launch(monkeypatch):
         monkeypatch.delenv(name, raising=False)
     with pytest.raises(LaunchError, match=r"need 3 processes started by mpiexec: run `mpiexec -n 3 llmrs generate"):
         connect(3, 1)
+
+
+def test_a_decode_step_all_reduces_two_vectors_per_layer_and_the_embedding(tiny):
+    """Megatron's count: one all-reduce after o_proj and one after down in every layer, one after the
+    vocab-parallel embedding: (2 * layers + 1) * hidden * 4 bytes per decoded token."""
+    from llmrs_core.distributed.timeline import TimedCommunicator, summarise
+
+    def body(comm):
+        timed = TimedCommunicator(comm)
+        net = llmrs.load(tiny, backend="numpy", tp=2, comm=timed).network
+        cache = net.new_cache(len(IDS) + 1)
+        net.forward(IDS, cache)
+        timed.events.clear()
+        start = time.perf_counter()
+        net.forward([IDS[0]], cache)
+        return summarise(timed.events, [(start, time.perf_counter())]), net.config
+
+    (s, c), _ = run_local(2, body)
+    layers = llmrs.load(tiny).config.n_layers
+    assert s["all_reduces"] == 2 * layers + 1
+    assert s["all_reduce_bytes"] == (2 * layers + 1) * c.hidden_size * 4
