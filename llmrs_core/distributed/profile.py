@@ -2,7 +2,7 @@
 
 Run under ``mpiexec`` (``mpiexec -n 3 python -m llmrs_core.distributed.profile --tp 3 --out t.json``),
 or without ``--tp``/``--pp`` for the one-process baseline. Every rank loads its shard, warms
-up, runs the prompt and ``--tokens`` greedy decode steps with a
+up, runs the prompt and ``--tokens`` greedy decode steps (argmax) with a
 :class:`~.timeline.TimedCommunicator`, and rank 0 writes one JSON file: each rank's step
 times and communication events (seconds from a common barrier) and their summaries
 (:func:`~.timeline.summarise`).
@@ -37,13 +37,13 @@ def run(args: argparse.Namespace) -> dict | None:
     comm.barrier()
     zero = time.perf_counter()
     comm.events.clear()
-    steps, token = [], None
+    steps, tokens = [], []
     for i in range(args.tokens + 1):
-        step_ids = ids if i == 0 else [token]
+        step_ids = ids if i == 0 else tokens[-1:]
         start = time.perf_counter()
         logits = net.forward(step_ids, cache, last_only=True)
         steps.append((start, time.perf_counter()))
-        token = int(np.argmax(logits[0]))
+        tokens.append(int(np.argmax(logits[0])))
     rank = {
         "rank": comm.rank,
         "steps": [(s - zero, e - zero) for s, e in steps],
@@ -56,6 +56,7 @@ def run(args: argparse.Namespace) -> dict | None:
     if comm.rank != 0:
         return None
     return {"tp": args.tp, "pp": args.pp, "vocab_parallel": not args.whole_vocab, "prompt_tokens": len(ids), "decode_tokens": args.tokens,
+            "token_ids": tokens, "text": model.tokenizer.decode(tokens),
             "config": dataclasses.asdict(model.config), "ranks": everyone}
 
 

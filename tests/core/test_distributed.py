@@ -256,3 +256,15 @@ def test_a_decode_step_all_reduces_two_vectors_per_layer_and_the_embedding(tiny)
     layers = llmrs.load(tiny).config.n_layers
     assert s["all_reduces"] == 2 * layers + 1
     assert s["all_reduce_bytes"] == (2 * layers + 1) * c.hidden_size * 4
+
+
+@pytest.mark.parametrize("p", [2, 3, 4])
+def test_the_ring_all_reduce_equals_the_communicator_s(p):
+    from llmrs_core.distributed.ring import ring_all_reduce
+
+    def body(comm):
+        x = np.random.default_rng(comm.rank).standard_normal((7, 11)).astype(np.float32)
+        return ring_all_reduce(comm, x.copy()), comm.all_reduce(x.copy())
+
+    for got, want in run_local(p, body):
+        assert normalised_error(got, want) <= float32_tolerance(p)
