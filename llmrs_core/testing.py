@@ -333,3 +333,56 @@ def random_q4(rows: int, cols: int, seed: int = 0):
     m = rng.uniform(-0.4, 0.0, (rows, cols // 32)).astype(np.float32)
     dense = np.repeat(d, 32, axis=1).astype(np.float64) * codes + np.repeat(m, 32, axis=1)
     return pack_affine_q4(codes, d, m, "random"), dense
+
+
+def where(index: tuple[int, ...], axes: tuple[str, ...]) -> str:
+    """``(3, 1, 7)``, ``("query", "head", "dim")`` -> ``"query 3, head 1, dim 7"``."""
+    return ", ".join(f"{a} {i}" for a, i in zip(axes, index))
+
+
+def diagnose(
+    got: Any, want: np.ndarray, variants: Any = (), *, what: str, axes: tuple[str, ...], tol: float
+) -> str | None:
+    """Why a learner's array is not the reference, in the exercise's terms; None when it is.
+
+    ``got`` matches ``want`` when their :func:`normalised_error` is at most ``tol``
+    (take it from :func:`float32_tolerance`). Otherwise, if ``got`` matches one of
+    ``variants`` — ``(description, array)`` pairs, the reference computed with a
+    known mistake — the message names that mistake: "your attention equals the
+    reference computed without the 1/sqrt(D) scale". A variant that equals the
+    reference on this input is never named. Else the message gives the largest
+    difference and the first index that differs, named by ``axes`` ("query 3,
+    head 1, dim 7"), with both values — never whole arrays.
+    """
+    got = np.asarray(got)
+    want = np.asarray(want, dtype=np.float64)
+    if got.shape != want.shape:
+        return f"{what} has shape {got.shape}; expected {want.shape} ([{', '.join(axes)}])"
+    if not np.issubdtype(got.dtype, np.number):
+        return f"{what} has dtype {got.dtype}; expected numbers"
+    ours = got.astype(np.float64)
+    finite = np.isfinite(ours)
+    if not finite.all():
+        index = tuple(int(i) for i in np.argwhere(~finite)[0])
+        return f"{what} has {ours[index]} at {where(index, axes)} (the reference there is {want[index]:.6g})"
+    err = normalised_error(ours, want)
+    if err <= tol:
+        return None
+    for description, variant in variants:
+        variant = np.asarray(variant, dtype=np.float64)
+        if variant.shape == ours.shape and normalised_error(ours, variant) <= tol < normalised_error(variant, want):
+            return f"{what} equals the reference computed {description}"
+    diff = np.abs(ours - want)
+    index = tuple(int(i) for i in np.argwhere(diff > tol * max(np.abs(want).max(), 1e-30))[0])
+    return (
+        f"{what} differs from the reference by up to {diff.max():.3g} (normalised {err:.2g}, allowed {tol:.2g}); "
+        f"first at {where(index, axes)}: yours {ours[index]:.6g}, reference {want[index]:.6g}"
+    )
+
+
+def assert_matches(got: Any, want: np.ndarray, variants: Any = (), *, what: str, axes: tuple[str, ...],
+                   tol: float, note: str = "") -> None:
+    """:func:`diagnose`, raising ``AssertionError`` with its message (and ``note``) when there is one."""
+    message = diagnose(got, want, variants, what=what, axes=axes, tol=tol)
+    if message is not None:
+        raise AssertionError(message + note)
