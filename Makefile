@@ -28,7 +28,7 @@ NBVAL_TIMEOUT ?= 300
 SINGLE_THREAD := OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 
 .DEFAULT_GOAL := help
-.PHONY: help setup lab demo fetch test test-solutions test-engine test-portable check-stubs nbval lint format \
+.PHONY: help setup lab demo fetch test test-solutions test-gpu test-engine test-portable check-stubs nbval lint format \
         test-chapter test-exercise progress reset check-env notebooks bench bench-tokenizer bench-throughput bench-serve clean
 
 # `make test-chapter 1`: the chapter number arrives as a goal of its own;
@@ -102,7 +102,7 @@ check-env:
 
 test: fetch
 	@start=$$(date +%s); \
-	$(MAKE) --no-print-directory lint test-solutions check-stubs nbval test-portable && \
+	$(MAKE) --no-print-directory lint test-solutions test-gpu check-stubs nbval test-portable && \
 	echo "make test: all passed in $$(( $$(date +%s) - start )) s"
 
 lint: setup
@@ -112,9 +112,15 @@ format: setup
 	$(VENV)/bin/ruff format llmrs_core solutions tests scripts
 	$(VENV)/bin/ruff check --fix .
 
-# exercise tests against the solutions, plus the engine tests (tests/core)
+# exercise tests against the solutions, plus the engine tests (tests/core); tests/gpu runs in test-gpu
 test-solutions: fetch
-	$(SINGLE_THREAD) $(PYTEST) tests -q --no-header --impl solutions
+	$(SINGLE_THREAD) $(PYTEST) tests -q --no-header --impl solutions --ignore=tests/gpu
+
+# the GPU kernels and the cuda backend (chapter 9), in a process of their own: on a GPU if the driver
+# has one, else in numba-cuda's CUDA simulator (chosen before numba.cuda is imported), plus every
+# kernel compiled for sm_90 with compile_ptx (no GPU needed)
+test-gpu: setup
+	$(SINGLE_THREAD) $(PYTEST) tests/gpu -q --no-header
 
 # the engine's numeric tests (tests/core, tests/ch08) with Numba compiling for other CPUs than this
 # one, so that no tolerance or assembly check holds on one machine only: haswell (AVX2 + FMA,

@@ -394,7 +394,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
 def _add_sampling_options(p: argparse.ArgumentParser, max_tokens: int) -> None:
     p.add_argument("--model", help="a GGUF file (default: SmolLM2)")
     p.add_argument("--backend", choices=BACKENDS,
-                   help=f"{DEFAULT_BACKEND} (default), numpy (the reference) or learner (your exercise code)")
+                   help=f"{DEFAULT_BACKEND} (default), numpy (the reference), learner (your exercise code) "
+                        "or cuda (an NVIDIA GPU, chapter 9)")
     p.add_argument("--threads", type=int, help="numba backend: threads (default: all cores)")
     p.add_argument("--impl", choices=("learner", "solutions"),
                    help="learner = --backend learner; solutions = --backend numpy")

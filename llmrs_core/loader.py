@@ -42,8 +42,9 @@ class Model:
             Hugging Face directory (chapter 10).
         config: the architecture, from the GGUF metadata (or ``config.json``).
         backend: name of the compute backend: ``"numba"`` (the default, chapter 8),
-            ``"numpy"`` (the readable reference, chapter 4) or ``"learner"`` (your
-            exercise code where it exists; chapters 3-4).
+            ``"numpy"`` (the readable reference, chapter 4), ``"learner"`` (your
+            exercise code where it exists; chapters 3-4) or ``"cuda"`` (an NVIDIA GPU,
+            or numba-cuda's simulator; chapter 9).
     """
 
     def __init__(self, source: WeightSource, backend: str | None = None, threads: int | None = None,

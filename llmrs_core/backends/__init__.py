@@ -3,13 +3,14 @@
 The model code (``llmrs_core.model``) is written once against
 :class:`~llmrs_core.backends.base.Backend`. ``numpy`` is the readable
 reference; ``numba`` (chapter 8) the fast CPU path; ``learner`` runs the
-learner's own exercise code where it exists; CuPy (chapter 9) comes later.
+learner's own exercise code where it exists; ``cuda`` (chapter 9) runs the numba.cuda
+kernels on an NVIDIA GPU (or in numba-cuda's CUDA simulator, when enabled).
 """
 
 from .base import Backend
 from .numpy_backend import NumpyBackend
 
-BACKENDS = ("numba", "numpy", "learner")
+BACKENDS = ("numba", "numpy", "learner", "cuda")
 #: what ``llmrs.load()`` and the CLI use unless told otherwise: the fast CPU path (chapter 8)
 DEFAULT_BACKEND = "numba"
 
@@ -41,6 +42,14 @@ def get_backend(name: str | None = None, threads: int | None = None) -> Backend:
         from .learner import LearnerBackend
 
         return LearnerBackend()
+    if name == "cuda":
+        from ..kernels.gpu.runtime import CudaUnavailableError
+        from .cuda_backend import CudaBackend
+
+        try:
+            return CudaBackend()
+        except CudaUnavailableError as e:  # a choice the caller can change, like an unknown name
+            raise ValueError(str(e)) from None
     raise ValueError(f"unknown backend {name!r}; available: {', '.join(BACKENDS)}")
 
 

@@ -56,8 +56,8 @@ def test_load_front_door(tmp_path):
     model = llmrs.load(path)
     assert model.config.n_layers == 3 and model.backend == "numba"  # the default since chapter 8
     assert "params" in repr(model)
-    with pytest.raises(ValueError, match="unknown backend 'cuda'"):
-        llmrs.load(path, backend="cuda")
+    with pytest.raises(ValueError, match="unknown backend 'tpu'"):
+        llmrs.load(path, backend="tpu")
     with pytest.raises(FileNotFoundError, match="no config.json"):
         llmrs.load(tmp_path)  # a directory is read as a Hugging Face model (chapter 10)
     with pytest.raises(FileNotFoundError):
@@ -93,7 +93,7 @@ def test_bench_speed_reports_pp_and_tg(tmp_path, capsys):
 @pytest.mark.parametrize("args,message", [
     (["--threads", "0"], "--threads must be at least 1"),
     (["--pp", "0"], "--pp must be at least 1"),
-    (["--backend", "numba,cuda"], "unknown backend 'cuda'"),
+    (["--backend", "numba,tpu"], "unknown backend 'tpu'"),
 ])
 def test_bench_speed_refuses_impossible_settings(tmp_path, capsys, args, message):
     path = tmp_path / "tiny.gguf"

@@ -64,11 +64,44 @@ def cuda() -> ModuleType:
     """
     if os.environ.get(SIMULATOR_ENV) == "1" and _numba_module().config.ENABLE_CUDASIM != 1:
         _numba_module().core.config.reload_config()  # the variable was set after numba was imported
+    # CuPy orders its own work on its streams; Numba need not synchronise every array it is handed
+    os.environ.setdefault("NUMBA_CUDA_ARRAY_INTERFACE_SYNC", "0")
     try:
         from numba import cuda as numba_cuda
     except ImportError as e:
         raise CudaUnavailableError(f"numba-cuda is not installed ({e}); {INSTALL_HINT}") from e
     return numba_cuda
+
+
+def driver_gpu_count() -> int:
+    """NVIDIA GPUs the CUDA driver reports, asked through ``libcuda`` itself so that
+    ``numba.cuda`` is *not* imported (the simulator can still be chosen afterwards). 0 without a driver."""
+    import ctypes
+
+    for name in ("libcuda.so.1", "libcuda.so", "nvcuda.dll"):
+        try:
+            lib = ctypes.CDLL(name)
+        except OSError:
+            continue
+        count = ctypes.c_int(0)
+        if lib.cuInit(0) != 0 or lib.cuDeviceGetCount(ctypes.byref(count)) != 0:
+            return 0
+        return count.value
+    return 0
+
+
+def use_simulator_unless_gpu() -> bool:
+    """Test processes and notebooks: run on the GPU when the driver has one, else in the simulator.
+
+    Call before anything imports ``numba.cuda``. Returns True when the simulator is on.
+    """
+    if simulator_enabled():
+        enable_simulator()
+        return True
+    if "numba.cuda" in sys.modules or driver_gpu_count() > 0:
+        return False
+    enable_simulator()
+    return True
 
 
 def gpu_available() -> bool:
