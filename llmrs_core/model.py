@@ -29,6 +29,7 @@ from .config import ModelConfig
 from .distributed.plan import SingleProcess, StepPlan
 from .formats.source import WeightSource
 from .kv_cache.base import KVCache
+from .kv_cache.checks import checked_advance, checked_positions, checked_view
 from .kv_cache.contiguous import ContiguousKVCache
 
 
@@ -187,7 +188,9 @@ class LlamaModel:
         bounds = np.cumsum([0, *sizes])
         # Each cache names its tokens' RoPE positions (attention sinks count within the
         # cache) and says whether it keeps keys unrotated, to be rotated when read.
-        all_positions = np.concatenate([cache.positions(t) for cache, t in zip(caches, sizes)])
+        # What a cache returns is checked (kv_cache.checks): it may be the learner's.
+        all_positions = np.concatenate([checked_positions(cache, t) for cache, t in zip(caches, sizes)])
+        lengths = [cache.length for cache in caches]
         unrotated = [cache.stores_unrotated_keys for cache in caches]
         n = int(bounds[-1])
         b.begin_step(n)
@@ -205,7 +208,7 @@ class LlamaModel:
             for j, (cache, t) in enumerate(zip(caches, sizes)):
                 lo, hi = bounds[j], bounds[j + 1]
                 cache.write(i, (k_all if unrotated[j] else k_rot)[lo:hi], v_all[lo:hi])
-                keys, values = cache.view(i, t)
+                keys, values = checked_view(cache, i, t, lengths[j], k_all.shape[1], k_all.shape[2])
                 if unrotated[j]:
                     keys = b.rope(keys, cache.key_positions(t), c.rope_theta)
                 outs.append(b.attention(q_all[lo:hi], keys, values).reshape(t, c.n_heads * c.head_dim))
@@ -217,8 +220,8 @@ class LlamaModel:
         self._check_finite(logits)
         # Only a step that succeeded moves the caches on: after a failure (here or in any
         # operation above) every cache is as it was, and the step can be run again.
-        for cache, t in zip(caches, sizes):
-            cache.advance(t)
+        for cache, t, length in zip(caches, sizes, lengths):
+            checked_advance(cache, t, length)
         if last_only:
             return [logits[j : j + 1] for j in range(len(batch))]
         return [logits[bounds[j] : bounds[j + 1]] for j in range(len(batch))]
