@@ -166,6 +166,11 @@ def test_bad_graphs_and_inputs_are_refused():
         F.trace(lambda x: {"y": x * "2"}, x="elem")
     with pytest.raises(ValueError, match="reduces the columns"):
         F.trace(lambda x, w: {"y": x * w.mean()}, x="elem", w="col")
+    for bad in ("v3", "out_h", "_x", "row", "i", "not an identifier"):
+        with pytest.raises(ValueError, match="cannot be used in generated code"):
+            F.trace(lambda **kw: {"y": next(iter(kw.values())) * 2.0}, **{bad: "elem"})
+    with pytest.raises(ValueError, match="has the name of an input"):
+        F.trace(lambda x: {"x": x * 2.0}, x="elem")
     g = rms_graph()
     x, r, w = draw(2, 8, seed=1)
     with pytest.raises(ValueError, match="inputs are"):
@@ -174,3 +179,31 @@ def test_bad_graphs_and_inputs_are_refused():
         F.run_eager(g, {"x": x, "residual": r, "weight": w[:4]})
     with pytest.raises(ValueError, match="must be float32"):
         F.run_eager(g, {"x": x.astype(np.float64), "residual": r, "weight": w})
+
+
+def test_cupy_kernels_are_built_with_their_source_once():
+    class FakeCupy:
+        made: list = []
+
+        @classmethod
+        def ElementwiseKernel(cls, *args):  # noqa: N802 - CuPy's name
+            cls.made.append(("elementwise", args))
+            return len(cls.made)
+
+        @classmethod
+        def ReductionKernel(cls, *args):  # noqa: N802
+            cls.made.append(("reduction", args))
+            return len(cls.made)
+
+    reduction, elementwise = C.cupy_kernels(rms_graph())
+    assert elementwise.build(FakeCupy) == elementwise.build(FakeCupy) == 1, "built once, then cached"
+    assert FakeCupy.made[0] == (
+        "elementwise",
+        (elementwise.in_params, elementwise.out_params, elementwise.operation, "fused"),
+    )
+    reduction.build(FakeCupy)
+    assert FakeCupy.made[1] == (
+        "reduction",
+        ("float32 x, float32 residual", "float32 out0", reduction.map_expr, "a + b", reduction.post_map_expr,
+         "0", "fused_mean"),
+    )  # fmt: skip

@@ -49,8 +49,14 @@ def test_fused_swiglu_kernel_matches_the_unfused_layers(t, d):
     assert normalised_error(out, layers.swiglu(gate, up)) <= float32_tolerance(1)
 
 
-def test_a_kernel_for_other_rows_is_refused():
+def test_outputs_given_or_refused():
     kernel = C.build_numba_kernel(F.trace(F.swiglu, gate="elem", up="elem"), 40)
+    gate, up = np.full((2, 40), 1.5, dtype=np.float32), np.full((2, 40), -2.0, dtype=np.float32)
+    out = {"out": to_device(np.full((2, 40), np.nan, dtype=np.float32))}
+    assert kernel(out=out, gate=to_device(gate), up=to_device(up))["out"] is out["out"], "writes into out"
+    assert normalised_error(to_host(out["out"]), layers.swiglu(gate, up)) <= float32_tolerance(1)
+    with pytest.raises(ValueError, match=r"out must map \['out'\] to \[2, 40\] arrays"):
+        kernel(out={"y": out["out"]}, gate=to_device(gate), up=to_device(up))
     z = to_device(np.zeros((2, 64), dtype=np.float32))
     with pytest.raises(ValueError, match="rows of 40 columns, not 64"):
         kernel(gate=z, up=z)

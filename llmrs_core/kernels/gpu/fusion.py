@@ -184,6 +184,24 @@ class _Tracer:
         return self.node(op, args, kind)
 
 
+# names the generated code uses itself (CuPy's, numba's, NumPy's and the kernels' own)
+RESERVED = frozenset({"i", "n", "j", "a", "b", "row", "tid", "acc", "partial", "stage", "stride", "rowv", "out0",
+                      "cuda", "math", "np", "float", "float32", "fused"})  # fmt: skip
+
+
+def _check_name(name: str, what: str) -> None:
+    if (
+        not name.isidentifier()
+        or name.startswith(("_", "out_"))
+        or name in RESERVED
+        or (name[0] == "v" and name[1:].isdigit())
+    ):
+        raise ValueError(
+            f"{what} name {name!r} cannot be used in generated code: use an identifier that does not start "
+            f"with '_' or 'out_', is not v<number>, and is none of {sorted(RESERVED)}"
+        )
+
+
 def trace(fn: Callable[..., Mapping[str, Traced]], **inputs: str) -> Graph:
     """The graph of ``fn`` called on traced inputs of the given kinds (``x="elem"``, ``weight="col"``).
 
@@ -192,6 +210,7 @@ def trace(fn: Callable[..., Mapping[str, Traced]], **inputs: str) -> Graph:
     tracer = _Tracer()
     args = {}
     for name, kind in inputs.items():
+        _check_name(name, "input")
         if kind not in ("elem", "col"):
             raise ValueError(f"input {name!r}: kind must be 'elem' ([T, D]) or 'col' ([D]), not {kind!r}")
         args[name] = tracer.node("input", (), kind, name=name)
@@ -202,6 +221,9 @@ def trace(fn: Callable[..., Mapping[str, Traced]], **inputs: str) -> Graph:
         )
     outputs = []
     for name, value in result.items():
+        _check_name(name, "output")
+        if name in inputs:
+            raise ValueError(f"output {name!r} has the name of an input")
         node = tracer.nodes[tracer.wrap(value).id]
         if node.kind != "elem":
             raise ValueError(f"output {name!r} is a {node.kind!r} value; outputs must be [T, D] ('elem')")

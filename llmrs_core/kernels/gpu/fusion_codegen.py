@@ -21,6 +21,7 @@ Element type float32 throughout: the numba code casts every intermediate back to
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -181,8 +182,12 @@ class FusedKernel:
     source: str
     kernel: Any
 
-    def __call__(self, **arrays: Any) -> dict[str, Any]:
-        """Run on device arrays (NumPy arrays under the simulator); returns the outputs."""
+    def __call__(self, out: Mapping[str, Any] | None = None, **arrays: Any) -> dict[str, Any]:
+        """Run on device arrays (NumPy arrays under the simulator); returns the outputs.
+
+        ``out`` maps output names to ``[T, D]`` float32 arrays to write; by default they are
+        new arrays filled with NaN, so that an element the kernel fails to write shows up.
+        """
         from .arrays import launch, limits, xp
 
         if all(isinstance(a, np.ndarray) for a in arrays.values()):
@@ -190,8 +195,13 @@ class FusedKernel:
         t, d = arrays[graph_rows(self.graph)].shape
         if d != self.d:
             raise ValueError(f"this kernel was generated for rows of {self.d} columns, not {d}")
-        # NaN-filled outputs: an element the kernel fails to write shows up
-        outs = {name: xp().full((t, d), np.nan, dtype=np.float32) for name, _ in self.graph.outputs}
+        names = [name for name, _ in self.graph.outputs]
+        if out is None:
+            outs = {name: xp().full((t, d), np.nan, dtype=np.float32) for name in names}
+        elif sorted(out) != sorted(names) or any(tuple(a.shape) != (t, d) for a in out.values()):
+            raise ValueError(f"out must map {names} to [{t}, {d}] arrays")
+        else:
+            outs = {name: out[name] for name in names}
         blocks = max(1, min(t, limits()[1]))
         launch(
             self.kernel, blocks, self.threads, *[arrays[n.name] for n in self.graph.inputs], *outs.values()
@@ -247,13 +257,21 @@ class CupySource:
     io: KernelIO | None = None
 
     def build(self, cupy: Any) -> Any:
-        """The CuPy kernel object (compiles on first call, which needs a GPU)."""
+        """The CuPy kernel object (compiles on first call, which needs a GPU); made once per source."""
+        return _build(self, cupy)
+
+    def _make(self, cupy: Any) -> Any:
         if self.kind == "elementwise":
             return cupy.ElementwiseKernel(self.in_params, self.out_params, self.operation, self.name)
         return cupy.ReductionKernel(
             self.in_params, self.out_params, self.map_expr, self.reduce_expr, self.post_map_expr,
             self.identity, self.name,
         )  # fmt: skip
+
+
+@functools.lru_cache(maxsize=64)
+def _build(source: CupySource, cupy: Any) -> Any:
+    return source._make(cupy)
 
 
 def _inline(graph: Graph, n: Node, names: Mapping[int, str]) -> str:

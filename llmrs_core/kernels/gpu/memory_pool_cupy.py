@@ -8,6 +8,8 @@ For ``scripts/gpu_check.py``::
     print(handle.pool.stats())        # allocated/reserved bytes, cache hits, segments
     handle.uninstall()                # CuPy's own allocator again (our cache is emptied)
 
+or, all of that with values checked on two streams: ``stats = check_on_gpu()``.
+
 Pieces: :class:`CupyDevice` is the :class:`~llmrs_core.kernels.gpu.memory_pool.DeviceAllocator`
 (``cudaMalloc``/``cudaFree``/``cudaMemGetInfo`` through ``cupy.cuda.runtime``);
 :class:`CupyEvents` records ``cudaEvent``\\ s on streams known by their handle; and
@@ -19,11 +21,19 @@ CuPy makes current with ``with stream:``. Needs a GPU: nothing here runs on the 
 
 from __future__ import annotations
 
+import dataclasses
+import gc
 import weakref
 from dataclasses import dataclass
 from typing import Any
 
-from llmrs_core.kernels.gpu.memory_pool import PYTORCH_CONFIG, CachingAllocator, DeviceMallocError, PoolConfig
+from llmrs_core.kernels.gpu.memory_pool import (
+    PYTORCH_CONFIG,
+    CachingAllocator,
+    DeviceMallocError,
+    MiB,
+    PoolConfig,
+)
 
 CUDA_ERROR_MEMORY_ALLOCATION = 2  # cudaErrorMemoryAllocation
 
@@ -125,4 +135,42 @@ class _Owner:
     """Kept alive by ``UnownedMemory``; its finaliser frees the block."""
 
 
-__all__ = ["CupyDevice", "CupyEvents", "CupyPoolHandle", "install_on_cupy"]
+def check_on_gpu(steps: int = 100) -> dict[str, int]:
+    """For ``scripts/gpu_check.py``: CuPy work through the pool on two streams, values checked.
+
+    Each step makes decode-sized arrays (hidden ``[8, 576]``, logits ``[8, 49152]``) on the
+    current stream and a product on a side stream (declared with ``record_stream``); every
+    tenth step keeps a 3 MiB array, read back at the end. Raises ``AssertionError`` on a wrong
+    value; returns the pool's stats (as a dict) before it is uninstalled.
+    """
+    import cupy
+
+    handle = install_on_cupy()
+    try:
+        side = cupy.cuda.Stream(non_blocking=True)
+        kept = []
+        for step in range(steps):
+            hidden = cupy.full((8, 576), step, dtype=cupy.float32)
+            logits = cupy.ones((8, 49152), dtype=cupy.float32)
+            if step % 10 == 0:
+                kept.append(cupy.full(3 * MiB // 4, step, dtype=cupy.float32))
+            side.wait_event(cupy.cuda.get_current_stream().record())  # hidden is filled before side reads it
+            with side:
+                doubled = hidden * 2
+            handle.record_stream(hidden, side)
+            side.synchronize()
+            assert float(doubled[7, 575]) == 2 * step and float(logits.sum()) == 8 * 49152, step
+            del hidden, logits, doubled
+        for i, array in enumerate(kept):
+            assert float(array[0]) == float(array[-1]) == 10 * i, (
+                f"a kept 3 MiB array changed (step {10 * i})"
+            )
+        del kept
+        gc.collect()
+        cupy.cuda.Device().synchronize()
+        return dataclasses.asdict(handle.pool.stats())
+    finally:
+        handle.uninstall()
+
+
+__all__ = ["CupyDevice", "CupyEvents", "CupyPoolHandle", "check_on_gpu", "install_on_cupy"]
