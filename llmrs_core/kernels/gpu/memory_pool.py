@@ -36,8 +36,9 @@ back to a cache, not to the driver. The rules, and where they come from:
 The device is reached only through the :class:`DeviceAllocator` protocol, and streams'
 events through :class:`EventSource`, so the whole pool is tested on the CPU with a fake
 address space (``tests/core/test_gpu_memory_pool.py``) and plugged into CuPy on a GPU by
-:func:`llmrs_core.kernels.gpu.memory_pool_cupy.install_on_cupy`. Not thread-safe, except for
-:meth:`CachingAllocator.free_later`, which finalisers may call from any thread at any time.
+:func:`llmrs_core.kernels.gpu.memory_pool_cupy.install_on_cupy`. Every operation holds the pool's
+lock, so threads may share a pool; a finaliser must call :meth:`CachingAllocator.free_later`
+instead of ``free``, since it may run on a thread that is already inside the pool.
 """
 
 from __future__ import annotations
