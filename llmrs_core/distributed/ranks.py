@@ -40,12 +40,26 @@ def launcher_rank() -> int:
 
 @contextlib.contextmanager
 def _silenced(quiet: bool) -> Iterator[None]:
-    """Standard output and error go nowhere on a quiet rank (every rank but 0)."""
+    """On a quiet rank (every rank but 0), file descriptors 1 and 2 point at ``/dev/null``: whatever
+    writes to them (``print``, a ``file=sys.stderr`` bound at import, Numba, C libraries) is dropped."""
     if not quiet:
         yield
         return
-    with open(os.devnull, "w") as null, contextlib.redirect_stdout(null), contextlib.redirect_stderr(null):
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = [os.dup(1), os.dup(2)]
+    null = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(null, 1)
+    os.dup2(null, 2)
+    os.close(null)
+    try:
         yield
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        for fd, saved_fd in zip((1, 2), saved):
+            os.dup2(saved_fd, fd)
+            os.close(saved_fd)
 
 
 def _one_line(e: BaseException) -> str:
@@ -57,13 +71,12 @@ def run_on_ranks(args: argparse.Namespace, body: Callable[[argparse.Namespace, A
     ``body(args, model)`` on it, printing only on rank 0; see the module docstring for failures."""
     from ..loader import load
 
-    real_stderr = sys.stderr
     name = f"llmrs {args.command}"
     try:
         comm = connect(args.tp, args.pp)
     except (LaunchError, ImportError) as e:
         if launcher_rank() == 0:
-            print(f"{name}: error: {_one_line(e)}", file=real_stderr)
+            print(f"{name}: error: {_one_line(e)}", file=sys.stderr)
         return 2
     quiet = comm.rank != 0
     try:
@@ -72,7 +85,7 @@ def run_on_ranks(args: argparse.Namespace, body: Callable[[argparse.Namespace, A
                          comm=comm)
     except (RankFailed, LaunchError, ValueError, OSError) as e:  # the same on every rank
         if not quiet:
-            print(f"{name}: error: {_one_line(e)}", file=real_stderr)
+            print(f"{name}: error: {_one_line(e)}", file=sys.stderr)
         return 1
     try:
         with _silenced(quiet):
@@ -80,7 +93,7 @@ def run_on_ranks(args: argparse.Namespace, body: Callable[[argparse.Namespace, A
     except BaseException as e:  # noqa: BLE001 - the other ranks may wait in a collective: end them all
         if quiet:
             time.sleep(GRACE_SECONDS)  # an error every rank shares is rank 0's to report
-        print(f"{name}: error on rank {comm.rank}: {type(e).__name__}: {_one_line(e)}", file=real_stderr)
+        print(f"{name}: error on rank {comm.rank}: {type(e).__name__}: {_one_line(e)}", file=sys.stderr)
         comm.abort(1)
         raise
 

@@ -155,3 +155,12 @@ def test_mpi4py_missing_says_what_to_install(tiny, tmp_path):
     env = {**MPI_ENV, "PYTHONPATH": os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))}
     r = _bad([MPIEXEC, "-n", "2", *LLMRS, "generate", "hi", "--model", str(tiny), "--pp", "2"], env)
     assert "needs mpi4py" in r.stderr and "pip install -e '.[dist]'" in r.stderr
+
+
+def test_only_rank_0_prints(tmp_path):
+    path = tmp_path / "text.gguf"
+    write_tiny_llama(path, seed=4, byte_tokenizer=True)  # 257 tokens: PP splits no vocabulary
+    r = launch([MPIEXEC, "-n", "2", *LLMRS, "generate", "hello", "--model", str(path), "--pp", "2",
+                "--max-tokens", "4", "--threads", "1"], LAUNCH_TIMEOUT)
+    assert r.returncode == 0, r.stderr
+    assert r.stderr.count("finish:") == 1, f"one statistics line, from rank 0: {r.stderr!r}"
