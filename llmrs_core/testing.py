@@ -386,3 +386,38 @@ def assert_matches(got: Any, want: np.ndarray, variants: Any = (), *, what: str,
     message = diagnose(got, want, variants, what=what, axes=axes, tol=tol)
     if message is not None:
         raise AssertionError(message + note)
+
+
+def plant(func: Any, *edits: tuple[str, str], name: str | None = None, **globals_: Any) -> Any:
+    """A copy of ``func`` with a mistake planted: recompiled from its source with each
+    ``(old, new)`` edit (``old`` must occur exactly once, so a stale edit fails loudly) and
+    some of its globals replaced. ``name``: the function the edited source defines, when an
+    edit renames it. For tests that prove a diagnosis: the planted mistake must get its message.
+    """
+    import inspect
+    import textwrap
+
+    source = textwrap.dedent(inspect.getsource(func))
+    for old, new in edits:
+        if source.count(old) != 1:
+            raise AssertionError(f"{func.__name__}: {old!r} is not in its source exactly once; update the edit")
+        source = source.replace(old, new)
+    namespace = {**func.__globals__, **globals_}
+    exec(compile(source, f"<planted mistake in {func.__name__}>", "exec"), namespace)
+    return namespace[name or func.__name__]
+
+
+def solution_with(chapter: int, **planted: Any) -> Any:
+    """A copy of ``chapter``'s solution module (its public names in a namespace) with some
+    names replaced, e.g. by :func:`plant`'s copies: a learner's module with known mistakes."""
+    import types
+
+    from .workbook import exercises
+
+    sol = exercises(chapter, "solutions")
+    copy = types.SimpleNamespace(**{n: getattr(sol, n) for n in sol.__all__})
+    for n, f in planted.items():
+        if not hasattr(copy, n):
+            raise AttributeError(f"chapter {chapter}'s solutions have no {n}")
+        setattr(copy, n, f)
+    return copy

@@ -1,9 +1,16 @@
-"""Exercise 4.7 — Sampling Strategies, on hand-built distributions."""
+"""Exercise 4.7 — Sampling Strategies, on hand-built distributions.
+
+Where a filter or the chain goes wrong in a known way, the message names the
+mistake: the kept sets it is compared with come from the engine's samplers
+(llmrs_core.sampling) run with that mistake.
+"""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
+
+from llmrs_core import sampling as reference
 
 PROBS = np.array([0.5, 0.3, 0.15, 0.05])
 LOGITS = np.log(PROBS).astype(np.float32)
@@ -43,10 +50,15 @@ def test_ex4_7_top_k(ex):
 )
 def test_ex4_7_top_p_keeps_the_token_that_crosses(ex, p, want):
     shuffled = np.array([2, 0, 3, 1])  # order must come from the probabilities, not positions
-    got = kept(ex.top_p_filter(LOGITS[shuffled], p))
-    assert sorted(shuffled[got].tolist()) == want, (
-        f"top_p={p} on probabilities {PROBS.tolist()}: keep the most likely tokens until their "
-        f"total reaches {p}, including the one that crosses it -> tokens {want}"
+    got = sorted(shuffled[kept(ex.top_p_filter(LOGITS[shuffled], p))].tolist())
+    assert sorted(shuffled[kept(reference.top_p_filter(LOGITS[shuffled], p))].tolist()) == want  # the engine agrees
+    # tokens 0, 1, 2, 3 are in order of probability: one too few is the crossing token dropped
+    mistakes = {tuple(want[:-1]): "drops the token that crosses p: keep a token while the total *before* it is "
+                                  "below p (cumsum - prob < p), not the total including it"}
+    assert got == want, (
+        f"top_p={p} on probabilities {PROBS.tolist()}: yours keeps tokens {got}, expected {want}"
+        + (f" — it {mistakes[tuple(got)]}" if tuple(got) in mistakes else
+           " (keep the most likely tokens until their total reaches p, the one that crosses it included)")
     )
 
 
@@ -86,6 +98,26 @@ def test_ex4_7_filters_are_applied_before_drawing(ex):
     ]:
         draws = {ex.sample_token(LOGITS, params, rng) for _ in range(300)}
         assert draws <= allowed, f"{params}: drew {sorted(draws)}, only {sorted(allowed)} allowed"
+
+
+def drawn(sample, params, n=600, seed=7) -> set[int]:
+    rng = np.random.default_rng(seed)
+    return {int(sample(LOGITS, params, rng)) for _ in range(n)}
+
+
+def test_ex4_7_temperature_comes_before_top_p(ex):
+    """At temperature 2 the distribution flattens to [0.38, 0.29, 0.21, 0.12]: top-p 0.7 then keeps three
+    tokens; on the untempered probabilities [0.5, 0.3, 0.15, 0.05] it would keep two."""
+    params = ex.SamplingParams(temperature=2.0, top_p=0.7)
+    allowed = kept(reference.top_p_filter(reference.apply_temperature(LOGITS, 2.0), 0.7))
+    untempered = kept(reference.top_p_filter(LOGITS, 0.7))
+    assert allowed != untempered  # the engine's samplers tell the two orders apart here
+    got = drawn(ex.sample_token, params)
+    assert got == set(allowed), (
+        f"{params}: yours drew tokens {sorted(got)}, expected {allowed}"
+        + (" — your sample_token applies top-p before the temperature: the filters must see the tempered "
+           "probabilities (penalties, temperature, top-k, top-p, min-p, then draw)" if got == set(untempered) else "")
+    )
 
 
 def test_ex4_7_a_seed_reproduces_a_sample(ex):

@@ -1,7 +1,7 @@
 """Chapter 3's tests name each known mistake: proven by planting it.
 
 Each mistake is planted in a copy of the solution — the engine's own function,
-recompiled from its source with one edit — and the chapter 3 test that should
+recompiled from its source with one edit (:func:`llmrs_core.testing.plant`) — and the chapter 3 test that should
 catch it is run on that copy: it must fail with the message that names the
 mistake. The copies live in this process only; nothing under chapters/ or
 llmrs_core/ changes. A mutation that no longer applies (the engine's code
@@ -11,8 +11,6 @@ changed) fails loudly, so the proof cannot go stale in silence.
 from __future__ import annotations
 
 import importlib.util
-import inspect
-import textwrap
 import types
 from pathlib import Path
 
@@ -20,7 +18,8 @@ import numpy as np
 import pytest
 
 from llmrs_core import attention, rope
-from llmrs_core.workbook import exercises
+from llmrs_core.testing import plant
+from llmrs_core.testing import solution_with as chapter_solution_with
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")  # overflow and NaN in planted mistakes
 CH03 = Path(__file__).resolve().parents[1] / "ch03"
@@ -37,26 +36,9 @@ T36 = load_tests("test_ex3_6_attention.py")
 T37 = load_tests("test_ex3_7_rope.py")
 
 
-def mutant(func, *edits: tuple[str, str], name: str | None = None, **globals_):
-    """``func`` recompiled from its source with each ``(old, new)`` edit (``old`` must occur
-    once) and some of its globals replaced; ``name`` is the function the new source defines."""
-    source = textwrap.dedent(inspect.getsource(func))
-    for old, new in edits:
-        assert source.count(old) == 1, f"{func.__name__}: {old!r} is not in its source once; update the mutation"
-        source = source.replace(old, new)
-    namespace = {**func.__globals__, **globals_}
-    exec(compile(source, f"<planted mistake in {func.__name__}>", "exec"), namespace)
-    return namespace[name or func.__name__]
-
-
 def solution_with(**planted) -> types.SimpleNamespace:
-    """A copy of the chapter 3 solution module with some of its names replaced."""
-    sol = exercises(3, "solutions")
-    copy = types.SimpleNamespace(**{n: getattr(sol, n) for n in sol.__all__})
-    for n, f in planted.items():
-        assert hasattr(copy, n), n
-        setattr(copy, n, f)
-    return copy
+    """A copy of the chapter 3 solution module with some names replaced."""
+    return chapter_solution_with(3, **planted)
 
 
 def failure(test, ex, *args) -> str:
@@ -108,7 +90,7 @@ ATTENTION_MISTAKES = {
 @pytest.mark.parametrize("mistake", ATTENTION_MISTAKES)
 def test_each_attention_mistake_gets_its_own_message(mistake):
     edits, shape, message = ATTENTION_MISTAKES[mistake]
-    ex = solution_with(scaled_dot_product_attention=mutant(SDPA, *edits))
+    ex = solution_with(scaled_dot_product_attention=plant(SDPA, *edits))
     assert message in failure(T36.test_ex3_6_matches_the_naive_loop, ex, *shape)
 
 
@@ -130,21 +112,21 @@ def test_softmax_over_the_keys_is_the_reference():
 
 def test_a_wrong_softmax_of_their_own_is_pointed_out():
     """Attention built on the learner's own broken softmax says so, beside its own diagnosis."""
-    unnormalised = mutant(attention.softmax, ("return e / np.where(s == 0, 1.0, s)", "return e"))
+    unnormalised = plant(attention.softmax, ("return e / np.where(s == 0, 1.0, s)", "return e"))
     ex = solution_with(softmax=unnormalised,
-                       scaled_dot_product_attention=mutant(SDPA, softmax=unnormalised))
+                       scaled_dot_product_attention=plant(SDPA, softmax=unnormalised))
     message = failure(T36.test_ex3_6_matches_the_naive_loop, ex, *CHUNK)
     assert "(your softmax fails too: see its own test)" in message, message
 
 
 def test_float64_attention_fails():
-    ex = solution_with(scaled_dot_product_attention=mutant(
+    ex = solution_with(scaled_dot_product_attention=plant(
         SDPA, (".reshape(tq, hq, d).astype(q.dtype, copy=False)", ".reshape(tq, hq, d).astype(np.float64)")))
     assert "float32 q, k, v must give float32 attention, got float64" in failure(T36.test_ex3_6_returns_float32, ex)
 
 
 def test_no_error_for_more_queries_than_keys_fails():
-    ex = solution_with(scaled_dot_product_attention=mutant(
+    ex = solution_with(scaled_dot_product_attention=plant(
         SDPA, ("group = _check_shapes(q, k, v)", "group = q.shape[1] // k.shape[1]")))
     message = failure(T36.test_ex3_6_rejects_more_queries_than_keys, ex)
     assert "5 queries over 3 keys must raise ValueError" in message
@@ -165,7 +147,7 @@ CAUSAL_MASK_MISTAKES = {
 @pytest.mark.parametrize("mistake", CAUSAL_MASK_MISTAKES)
 def test_each_causal_mask_mistake_gets_its_own_message(mistake):
     new, shape, message = CAUSAL_MASK_MISTAKES[mistake]
-    ex = solution_with(causal_mask=mutant(attention.causal_mask, (MASK_RULE, new)))
+    ex = solution_with(causal_mask=plant(attention.causal_mask, (MASK_RULE, new)))
     assert message in failure(T36.test_ex3_6_causal_mask, ex, *shape)
 
 
@@ -180,7 +162,7 @@ SOFTMAX_MISTAKES = {
 @pytest.mark.parametrize("mistake", SOFTMAX_MISTAKES)
 def test_each_softmax_mistake_gets_its_own_message(mistake):
     edit, message = SOFTMAX_MISTAKES[mistake]
-    ex = solution_with(softmax=mutant(attention.softmax, edit))
+    ex = solution_with(softmax=plant(attention.softmax, edit))
     assert message in failure(T36.test_ex3_6_softmax, ex)
 
 
@@ -192,8 +174,8 @@ FREQUENCIES = "theta ** (-np.arange(0, head_dim, 2, dtype=np.float64) / head_dim
 
 def minus_i_over_d():
     """theta ** (-i/D) for i = 0 .. D/2 - 1, planted in the frequencies and seen through the angles."""
-    freqs = mutant(rope.rope_frequencies, (FREQUENCIES, "theta ** (-np.arange(head_dim // 2, dtype=np.float64) / head_dim)"))
-    return freqs, mutant(rope.rope_angles, rope_frequencies=freqs)
+    freqs = plant(rope.rope_frequencies, (FREQUENCIES, "theta ** (-np.arange(head_dim // 2, dtype=np.float64) / head_dim)"))
+    return freqs, plant(rope.rope_angles, rope_frequencies=freqs)
 
 
 def rope_mistakes(layout: str) -> dict:
@@ -207,11 +189,11 @@ def rope_mistakes(layout: str) -> dict:
         [("[first * cos - second * sin, first * sin + second * cos]", "[first * cos + second * sin, -first * sin + second * cos]")]
     )
     return {
-        "the other pairing": (mutant(other, (f"def {other.__name__}(", f"def {name}("), name=name), "with the other pairing"),
-        "theta**(-i/D)": (mutant(right, rope_angles=minus_i_over_d()[1]), "with frequencies theta**(-i/D)"),
-        "positions from 1": (mutant(right, (ANGLES, ANGLES.replace("(positions", "(np.asarray(positions) + 1"))),
+        "the other pairing": (plant(other, (f"def {other.__name__}(", f"def {name}("), name=name), "with the other pairing"),
+        "theta**(-i/D)": (plant(right, rope_angles=minus_i_over_d()[1]), "with frequencies theta**(-i/D)"),
+        "positions from 1": (plant(right, (ANGLES, ANGLES.replace("(positions", "(np.asarray(positions) + 1"))),
                              "with positions starting at 1 instead of 0"),
-        "rotating the wrong way": (mutant(right, *sign), "rotating the wrong way"),
+        "rotating the wrong way": (plant(right, *sign), "rotating the wrong way"),
     }
 
 
@@ -233,15 +215,15 @@ def test_each_rope_mistake_gets_its_own_message(layout, mistake):
     ids=["theta**(-i/D)", "positive exponent"],
 )
 def test_each_frequency_mistake_gets_its_own_message(edit, message):
-    ex = solution_with(rope_frequencies=mutant(rope.rope_frequencies, edit))
+    ex = solution_with(rope_frequencies=plant(rope.rope_frequencies, edit))
     assert message in failure(T37.test_ex3_7_rope_frequencies, ex)
 
 
 PERMUTATION_MISTAKES = {
-    "the inverse": (mutant(rope.unpermute_from_interleaved, ("def unpermute_from_interleaved(", "def permute_for_interleaved("),
+    "the inverse": (plant(rope.unpermute_from_interleaved, ("def unpermute_from_interleaved(", "def permute_for_interleaved("),
                            name="permute_for_interleaved"), "backwards (GGUF's row order back to HF's"),
     "the whole matrix as one head": (
-        mutant(rope.permute_for_interleaved, ("w.reshape(n_heads, 2, d // 2, cols)", "w.reshape(1, 2, rows // 2, cols)")),
+        plant(rope.permute_for_interleaved, ("w.reshape(n_heads, 2, d // 2, cols)", "w.reshape(1, 2, rows // 2, cols)")),
         "over the whole matrix as one head, not head by head",
     ),
 }
