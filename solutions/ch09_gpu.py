@@ -19,7 +19,26 @@ __all__: list[str] = []  # each exercise's region adds its names
 
 # -- Exercise 9.7 ---------------------------------------------------------------------
 
+from llmrs_core.kernels.gpu import elementwise, matvec  # noqa: E402  (these import numba.cuda)
+
+__all__ += ["launch_rms_norm"]
+
+
+def launch_rms_norm(x, weight, eps: float, out) -> None:
+    """The engine's RMSNorm kernel (``kernels.gpu.elementwise.rms_norm``): a block per row."""
+    elementwise.rms_norm_rows(x, weight, eps, out=out)
+
+
 # -- Exercise 9.8 ---------------------------------------------------------------------
+
+__all__ += ["launch_q4_1_matvec"]
+
+
+def launch_q4_1_matvec(qs, d, m, x, out) -> None:
+    """The engine's fused Q4_1 kernel (``kernels.gpu.matvec.q4_1_matvec``) on these blocks."""
+    rows, half = qs.shape
+    matvec.matvec(x, matvec.DeviceMatrix("q4_1", rows, 2 * half, qs, d, m), out=out)
+
 
 # -- Exercise 9.9 ---------------------------------------------------------------------
 

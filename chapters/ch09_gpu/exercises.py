@@ -24,7 +24,53 @@ __all__: list[str] = []  # each exercise's region adds its names
 
 # -- Exercise 9.7: a first CUDA kernel ------------------------------------------------
 
+# Your kernels take numba.cuda from here: on your GPU, or in the CUDA simulator when the
+# notebook or the tests chose it (they do so before this module is imported).
+from llmrs_core.kernels.gpu import runtime  # noqa: E402
+
+cuda = runtime.cuda()
+
+__all__ += ["launch_rms_norm"]
+
+
+def launch_rms_norm(x, weight, eps: float, out) -> None:
+    """Write RMSNorm of every row of ``x`` into ``out``, with a numba.cuda kernel of your own.
+
+    ``x [T, d]`` and ``out [T, d]`` float32, ``weight [d]`` float32: device arrays (CuPy on
+    a GPU, NumPy in the simulator). Row ``r`` of the result is
+    ``x[r] / sqrt(mean(x[r] ** 2) + eps) * weight`` (``llmrs_core.layers.rms_norm``).
+
+    Write the kernel at module level (``@cuda.jit def rms_norm_kernel(x, weight, eps, out)``):
+    one block per row (``cuda.blockIdx.x``); its threads (``cuda.threadIdx.x`` of
+    ``cuda.blockDim.x``) stride over the row's columns, add up their squares, meet in a
+    ``cuda.shared.array`` and sum it (``cuda.syncthreads()`` between the steps), then every
+    thread writes its columns of ``out``. Launch it here:
+    ``rms_norm_kernel[blocks, threads](x, weight, np.float32(eps), out)``. Any ``d`` must
+    work, including one that is not a multiple of your block size.
+    """
+    raise NotImplementedError("Exercise 9.7 `launch_rms_norm`: not implemented yet — see ch09_gpu.ipynb §9.7")
+
+
 # -- Exercise 9.8: dequantize-and-matvec ----------------------------------------------
+
+__all__ += ["launch_q4_1_matvec"]
+
+
+def launch_q4_1_matvec(qs, d, m, x, out) -> None:
+    """Write ``x @ W.T`` into ``out`` straight from W's Q4_1 blocks, with a numba.cuda kernel of your own.
+
+    ``W [rows, K]`` is stored as 32-weight blocks: ``qs [rows, K / 2]`` uint8 (block ``b`` of a
+    row is bytes ``16 b .. 16 b + 15``; byte ``j`` holds weight ``j`` of the block in its low
+    nibble and weight ``j + 16`` in its high nibble), ``d`` and ``m`` float32 ``[rows, K / 32]``
+    (the scale and minimum of each block: ``w = d * q + m``). ``x [T, K]`` float32,
+    ``out [T, rows]`` float32. All are device arrays.
+
+    Never build ``W``: per block, ``w_b . x_b = d (q_b . x_b) + m sum(x_b)``. Cast each byte
+    to ``np.int32`` before you shift or mask it (the simulator keeps ``uint8`` arithmetic
+    in 8 bits; the GPU does not). Every row of ``out`` and every token must be written.
+    """
+    raise NotImplementedError("Exercise 9.8 `launch_q4_1_matvec`: not implemented yet — see ch09_gpu.ipynb §9.8")
+
 
 # -- Exercise 9.9: a GPU memory pool --------------------------------------------------
 

@@ -93,12 +93,15 @@ def driver_gpu_count() -> int:
 def use_simulator_unless_gpu() -> bool:
     """Test processes and notebooks: run on the GPU when the driver has one, else in the simulator.
 
-    Call before anything imports ``numba.cuda``. Returns True when the simulator is on.
+    Call before anything imports ``numba.cuda``: without a GPU, a process whose ``numba.cuda``
+    was already imported for the real target gets :class:`CudaUnavailableError` (from
+    :func:`enable_simulator`) rather than kernels that cannot launch. Returns True when the
+    simulator is on.
     """
     if simulator_enabled():
         enable_simulator()
         return True
-    if "numba.cuda" in sys.modules or driver_gpu_count() > 0:
+    if driver_gpu_count() > 0:
         return False
     enable_simulator()
     return True
