@@ -9,6 +9,8 @@ the bytes stored in it, and a dict of the live allocations. No numba.cuda here.
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, settings
@@ -317,10 +319,12 @@ STREAMS = ("A", "B")
 
 
 class PoolMachine(RuleBasedStateMachine):
+    config = SMALL
+
     def __init__(self) -> None:
         super().__init__()
         self.device, self.events = FakeDevice(96 * KiB), FakeEvents()
-        self.pool = CachingAllocator(self.device, self.events, SMALL)
+        self.pool = CachingAllocator(self.device, self.events, self.config)
         self.live: dict[int, tuple[int, str, int]] = {}  # ptr -> (requested bytes, stream, fill byte)
         self.pending: list[tuple[int, int, set[str]]] = []  # (ptr, size, streams whose work may still use it)
         self.uses: dict[int, set[str]] = {}
@@ -335,13 +339,13 @@ class PoolMachine(RuleBasedStateMachine):
     )
     def malloc(self, n, stream):
         flushes = self.pool.stats().num_cache_flushes
-        size = round_size(n, SMALL)
+        size = round_size(n, self.config)
         try:
             ptr = self.pool.malloc(n, stream)
         except OutOfMemoryError:
             self.pending.clear()  # the retry waited on every event
-            small = size <= SMALL.small_max
-            assert self.device.largest_free_range() < segment_size(size, SMALL), (
+            small = size <= self.config.small_max
+            assert self.device.largest_free_range() < segment_size(size, self.config), (
                 "OOM while the device had room"
             )
             for seg in self.pool.snapshot():
@@ -370,7 +374,10 @@ class PoolMachine(RuleBasedStateMachine):
         ptr = data.draw(st.sampled_from(sorted(self.live)))
         n, stream, _ = self.live.pop(ptr)
         size = self.pool.block_size(ptr)
-        self.pool.free(ptr)
+        if data.draw(st.booleans()):
+            self.pool.free(ptr)
+        else:
+            self.pool.free_later(ptr)  # as a finaliser would: outside any call, it frees at once
         self.device.poison(ptr, n)  # the stale bytes must never reach another live allocation
         others = self.uses.pop(ptr)
         if others:
@@ -409,14 +416,16 @@ class PoolMachine(RuleBasedStateMachine):
                 at += b.size
             assert at == seg.ptr + seg.size, f"segment {seg.ptr:#x}: blocks do not add up to its size"
             for left, right in zip(seg.blocks, seg.blocks[1:]):
-                assert not (left.state == right.state == "free"), "two adjacent free blocks were not merged"
+                assert not self.config.coalesce or not (left.state == right.state == "free"), (
+                    "two adjacent free blocks were not merged"
+                )
 
     @invariant()
     def live_allocations_are_the_models_and_keep_their_bytes(self):
         blocks = self._allocated_blocks()
         assert set(blocks) == set(self.live)
         for ptr, (n, _, fill) in self.live.items():
-            assert round_size(n, SMALL) <= blocks[ptr]
+            assert round_size(n, self.config) <= blocks[ptr]
             stored = self.device.memory[ptr - BASE : ptr - BASE + n]
             assert (stored == fill).all(), f"the bytes of the allocation at {ptr:#x} were overwritten"
 
@@ -433,10 +442,17 @@ class PoolMachine(RuleBasedStateMachine):
         assert s.num_device_mallocs == self.device.num_mallocs and s.num_device_frees == self.device.num_frees
 
 
-TestPoolMachine = PoolMachine.TestCase
-TestPoolMachine.settings = settings(
-    max_examples=60, stateful_step_count=40, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+class UncoalescedPoolMachine(PoolMachine):
+    config = dataclasses.replace(SMALL, coalesce=False)
+
+
+MACHINE_SETTINGS = settings(
+    deadline=None, suppress_health_check=[HealthCheck.too_slow], stateful_step_count=40
 )
+TestPoolMachine = PoolMachine.TestCase
+TestPoolMachine.settings = settings(MACHINE_SETTINGS, max_examples=60)
+TestUncoalescedPoolMachine = UncoalescedPoolMachine.TestCase
+TestUncoalescedPoolMachine.settings = settings(MACHINE_SETTINGS, max_examples=25)
 
 
 # -- the synthetic decode workload of §9.4 ---------------------------------------------------
