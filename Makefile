@@ -9,6 +9,7 @@
 #   make reset E=1.6           put back the stubs of one exercise (your file is backed up first)
 #   make test-portable         the engine's numeric tests with Numba compiling for haswell, then generic
 #   make check-env             [OK]/[FAIL] for Python, dependencies, model, GPU
+#   make gpu-check             on a machine with an NVIDIA GPU: chapter 9's GPU check (table + JSON)
 #   make notebooks             re-run the notebooks so their stored outputs are current
 #
 # Set-up is idempotent: a stamp file records that .venv matches pyproject.toml,
@@ -28,7 +29,7 @@ NBVAL_TIMEOUT ?= 300
 SINGLE_THREAD := OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 
 .DEFAULT_GOAL := help
-.PHONY: help setup lab demo fetch test test-solutions test-gpu test-engine test-portable check-stubs nbval lint format \
+.PHONY: help setup lab demo fetch test test-solutions test-gpu gpu-check test-engine test-portable check-stubs nbval lint format \
         test-chapter test-exercise progress reset check-env notebooks bench bench-tokenizer bench-throughput bench-serve clean
 
 # `make test-chapter 1`: the chapter number arrives as a goal of its own;
@@ -121,6 +122,12 @@ test-solutions: fetch
 # kernel compiled for sm_90 with compile_ptx (no GPU needed)
 test-gpu: setup
 	$(SINGLE_THREAD) $(PYTEST) tests/gpu -q --no-header
+
+# chapter 9's GPU check, for a machine with an NVIDIA GPU (about 8 minutes on an H200; no network, no set-up:
+# it runs with the Python it finds, .venv's if there is one): table last, JSON in build/gpu_check.json
+gpu-check:
+	@mkdir -p build
+	$(if $(wildcard $(PY)),$(PY),$(PYTHON)) scripts/gpu_check.py --output build/gpu_check.json
 
 # the engine's numeric tests (tests/core, tests/ch08) with Numba compiling for other CPUs than this
 # one, so that no tolerance or assembly check holds on one machine only: haswell (AVX2 + FMA,

@@ -1,0 +1,260 @@
+"""The GPU check (chapter 9): one run on a machine with an NVIDIA GPU, about 8 minutes on an H200.
+
+    python scripts/gpu_check.py [--model PATH] [--output build/gpu_check.json] [--quick]
+    make gpu-check
+
+Steps, each bounded in time, each recorded even when another fails:
+
+1. ``tests``: ``pytest tests/gpu`` on the GPU (no simulator): every kernel against its
+   NumPy reference, the cuda backend end to end, and the sm_90 compile check;
+2. ``smollm2``: SmolLM2 on ``cuda`` against the NumPy backend: logits on a few prompts
+   (normalised error <= 1e-3) and 32 greedy tokens equal to the CPU's;
+3. ``bench``: ``llmrs bench speed --backend cuda`` pp512 / tg128 (CUDA graphs: not built yet,
+   reported as such), and batched greedy decode at 1, 16 and 64 sequences;
+4. ``transformers``: the anchor, in the same run on the same GPU: Hugging Face transformers
+   (torch) on the same GGUF dequantised to float16 (``from_pretrained(..., gguf_file=...)``),
+   pp512 and tg128, and our ratios to it.
+
+It prints a short table last and writes everything to JSON. Without a GPU every GPU step
+is skipped, saying so, and the table and JSON are still written: run it on the CPU first
+so that the one GPU run is not spent on a typo. Works with whatever CuPy is installed
+(``cupy-cuda12x`` or ``cupy-cuda13x``) and needs no network: the model file must be there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from llmrs_core.kernels.gpu import runtime  # noqa: E402  (after the path; imports no numba.cuda)
+
+PROMPTS = ["The capital of France is", "def fibonacci(n):", "Water boils at"]
+LOGITS_BOUND = 1e-3  # float16 scales and another summation order through 30 layers stay well inside this
+GREEDY_TOKENS = 32
+
+
+def skipped(why: str) -> dict:
+    return {"status": "skipped", "why": why}
+
+
+def step(name: str, results: dict, fn, *args) -> None:
+    """Run one step; whatever it raises is recorded, and the next step runs."""
+    start = time.perf_counter()
+    print(f"== {name} ...", flush=True)
+    try:
+        results[name] = fn(*args)
+    except Exception as e:  # the run must go on: record, print, continue
+        results[name] = {"status": "error", "error": f"{type(e).__name__}: {e}",
+                         "traceback": traceback.format_exc(limit=6)}
+        print(results[name]["traceback"], file=sys.stderr)
+    results[name]["seconds"] = round(time.perf_counter() - start, 1)
+    print(f"== {name}: {results[name]['status']} ({results[name]['seconds']} s)", flush=True)
+
+
+def environment() -> dict:
+    info = {"status": "ok", "python": sys.version.split()[0], "numpy": np.__version__,
+            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "gpus": runtime.driver_gpu_count()}
+    for module in ("numba", "cupy", "torch", "transformers", "gguf"):
+        try:
+            info[module] = __import__(module).__version__
+        except Exception as e:  # missing, or broken without a driver
+            info[module] = f"unavailable ({type(e).__name__})"
+    if info["gpus"]:
+        import cupy
+
+        props = cupy.cuda.runtime.getDeviceProperties(0)
+        info["gpu"] = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
+        info["cuda_runtime"] = cupy.cuda.runtime.runtimeGetVersion()
+        info["memory_gib"] = round(props["totalGlobalMem"] / 2**30, 1)
+    return info
+
+
+def gpu_tests(timeout: int) -> dict:
+    env = {k: v for k, v in os.environ.items() if k != runtime.SIMULATOR_ENV}
+    run = subprocess.run([sys.executable, "-m", "pytest", "tests/gpu", "-q", "--no-header", "-p", "no:cacheprovider"],
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    tail = (run.stdout + run.stderr).strip().splitlines()[-15:]
+    return {"status": "ok" if run.returncode == 0 else "failed", "returncode": run.returncode,
+            "summary": tail[-1] if tail else "", "tail": tail}
+
+
+def smollm2(model_path: str, prompts: list[str] = PROMPTS, n_greedy: int = GREEDY_TOKENS) -> dict:
+    import llmrs_core as llmrs
+    from llmrs_core.kernels.gpu.arrays import to_host
+    from llmrs_core.testing import normalised_error
+
+    cuda, reference = llmrs.load(model_path, backend="cuda"), llmrs.load(model_path, backend="numpy")
+    errors, same, first_diff = [], [], []
+    for text in prompts:
+        ids = cuda.tokenizer.encode(text)
+        errors.append(normalised_error(to_host(cuda.logits(ids)), reference.logits(ids)))
+        ours = cuda.generate(ids, max_tokens=n_greedy).token_ids
+        theirs = reference.generate(ids, max_tokens=n_greedy).token_ids
+        same.append(ours == theirs)
+        first_diff.append(next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b), None))
+    ok = max(errors) <= LOGITS_BOUND and all(same)
+    return {"status": "ok" if ok else "failed", "max_logits_error": max(errors), "logits_errors": errors,
+            "bound": LOGITS_BOUND, "greedy_equal": same, "first_difference": first_diff,
+            "describe": cuda.backend_report()}
+
+
+def bench(model_path: str, pp: int, tg: int, repetitions: int, batches: tuple[int, ...]) -> dict:
+    import llmrs_core as llmrs
+    from llmrs_core.bench.speed import ours
+
+    model = llmrs.load(model_path, backend="cuda")
+    model.warm_up()
+    measured = ours(model, pp, tg, repetitions)
+    out = {"status": "ok", "pp": measured["pp"], "tg": measured["tg"], "pp_tokens": pp, "tg_tokens": tg,
+           "graphs": skipped("CUDA graphs for decode are not built yet (issue 13)")}
+    rng = np.random.default_rng(0)
+    batched = {}
+    for n in batches:
+        prompts = [[int(i) for i in rng.integers(0, model.config.vocab_size, 16)] for _ in range(n)]
+        model.generate(prompts[:1], max_tokens=2)  # warm
+        start = time.perf_counter()
+        done = model.generate(prompts, max_tokens=16)
+        seconds = time.perf_counter() - start
+        batched[str(n)] = {"tokens_per_s": sum(len(c.token_ids) for c in done) / seconds, "seconds": seconds}
+    out["batched_decode"] = batched
+    return out
+
+
+def transformers_anchor(model_path: str, pp: int, tg: int, repetitions: int) -> dict:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    path = Path(model_path)
+    model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, torch_dtype=torch.float16)
+    model = model.to("cuda").eval()
+    vocab = model.config.vocab_size
+    prompt = torch.randint(0, vocab, (1, pp), device="cuda", generator=torch.Generator("cuda").manual_seed(0))
+
+    def timed(fn) -> list[float]:
+        fn()
+        times = []
+        for _ in range(repetitions):
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            fn()
+            torch.cuda.synchronize()
+            times.append(time.perf_counter() - start)
+        return times
+
+    with torch.inference_mode():
+        pp_times = timed(lambda: model(prompt))
+        short = prompt[:, :8]
+        tg_times = timed(lambda: model.generate(short, max_new_tokens=tg, min_new_tokens=tg, do_sample=False))
+    rate = lambda n, ts: {"tokens_per_s": statistics.median(n / t for t in ts), "runs": len(ts)}  # noqa: E731
+    return {"status": "ok", "pp": rate(pp, pp_times), "tg": rate(tg, tg_times), "dtype": "float16",
+            "torch": torch.__version__}
+
+
+def table(results: dict) -> str:
+    def fig(section: str, key: str) -> str:
+        r = results.get(section, {})
+        return f"{r[key]['tokens_per_s']:.1f}" if r.get("status") == "ok" and key in r else "-"
+
+    env = results.get("environment", {})
+    lines = [f"GPU check, {env.get('date', '?')}: {env.get('gpu', 'no GPU')}",
+             f"{'step':<14}{'status':<10}detail"]
+    for name, r in results.items():
+        if name == "environment":
+            continue
+        detail = r.get("why") or r.get("error") or r.get("summary") or ""
+        if name == "smollm2" and r.get("status") in ("ok", "failed"):
+            detail = f"max logits error {r['max_logits_error']:.1e} (<= {r['bound']:g}), greedy equal {r['greedy_equal']}"
+        lines.append(f"{name:<14}{r.get('status', '?'):<10}{detail[:90]}")
+    lines.append(f"{'':<14}{'ours':>10}{'transformers':>14}{'ratio':>8}")
+    for key in ("pp", "tg"):
+        a, b = fig("bench", key), fig("transformers", key)
+        ratio = f"{float(a) / float(b):.2f}" if "-" not in (a, b) else "-"
+        tokens = results.get("bench", {}).get(f"{key}_tokens", "")
+        lines.append(f"{key + str(tokens):<14}{a:>10}{b:>14}{ratio:>8}")
+    for n, r in results.get("bench", {}).get("batched_decode", {}).items():
+        lines.append(f"{'batch ' + n:<14}{r['tokens_per_s']:>10.1f}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="The chapter 9 GPU check (see the module docstring).")
+    parser.add_argument("--model", default=str(ROOT / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"))
+    parser.add_argument("--output", default=str(ROOT / "build" / "gpu_check.json"))
+    parser.add_argument("--quick", action="store_true", help="pp64/tg16, one repetition, batches 1 and 4")
+    parser.add_argument("--test-timeout", type=int, default=240, help="seconds for pytest tests/gpu")
+    parser.add_argument("--rehearse", action="store_true",
+                        help="no GPU: run the SmolLM2 and bench steps' code on a tiny random model in the CUDA "
+                             "simulator (a minute), so that the GPU run is not spent on a typo")
+    args = parser.parse_args(argv)
+    pp, tg, reps, batches = (64, 16, 1, (1, 4)) if args.quick else (512, 128, 3, (1, 16, 64))
+    if args.rehearse:
+        return rehearse(args.output)
+
+    results: dict = {}
+    step("environment", results, environment)
+    gpu = results["environment"].get("gpus", 0) > 0 and not runtime.simulator_enabled()
+    have_model = Path(args.model).is_file()
+    no_gpu = "no NVIDIA GPU here (the simulator is far too slow for SmolLM2)"
+    no_model = f"no model file at {args.model} (there is no network: bring it, or give --model)"
+    if gpu:
+        step("tests", results, gpu_tests, args.test_timeout)
+    else:
+        results["tests"] = skipped(no_gpu + "; make test-gpu runs them in the simulator")
+    for name, fn, fn_args in (("smollm2", smollm2, (args.model,)),
+                              ("bench", bench, (args.model, pp, tg, reps, batches)),
+                              ("transformers", transformers_anchor, (args.model, pp, tg, reps))):
+        if not gpu or not have_model:
+            results[name] = skipped(no_gpu if not gpu else no_model)
+        else:
+            step(name, results, fn, *fn_args)
+
+    out = Path(args.output)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=1, default=str) + "\n")
+    print()
+    print(table(results))
+    print(f"(all figures: {out})")
+    failed = [n for n, r in results.items() if r.get("status") in ("failed", "error")]
+    return 1 if failed else 0
+
+
+def rehearse(output: str) -> int:
+    """The GPU steps' own code, on a tiny model in the simulator: every figure is meaningless."""
+    import tempfile
+
+    from llmrs_core.testing import write_tiny_llama
+
+    runtime.enable_simulator()
+    results: dict = {}
+    step("environment", results, environment)
+    results["tests"] = skipped("rehearsal: make test-gpu runs them in the simulator")
+    with tempfile.TemporaryDirectory() as tmp:
+        path = str(Path(tmp) / "tiny.gguf")
+        write_tiny_llama(path, weight_type="q4_1", byte_tokenizer=True, hidden_size=32, intermediate_size=64,
+                         n_layers=1, n_heads=2, n_kv_heads=1)
+        step("smollm2", results, smollm2, path, ["Hi"], 2)
+        step("bench", results, bench, path, 4, 2, 1, (1, 2))
+    results["transformers"] = skipped("rehearsal: torch and a GPU are needed")
+    out = Path(output)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=1, default=str) + "\n")
+    print()
+    print(table(results))
+    print(f"(rehearsal on a tiny random model in the CUDA simulator: no figure here means anything; {out})")
+    return 1 if any(r.get("status") in ("failed", "error") for r in results.values()) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
