@@ -164,3 +164,14 @@ def test_only_rank_0_prints(tmp_path):
                 "--max-tokens", "4", "--threads", "1"], LAUNCH_TIMEOUT)
     assert r.returncode == 0, r.stderr
     assert r.stderr.count("finish:") == 1, f"one statistics line, from rank 0: {r.stderr!r}"
+
+
+def test_a_rank_failing_mid_run_ends_every_rank(tmp_path):
+    """Rank 1 fails after loading while rank 0 waits in the first collective: rank 1 reports and
+    MPI_Abort ends both (without it rank 0 would wait forever)."""
+    path = tmp_path / "text.gguf"
+    write_tiny_llama(path, seed=4, byte_tokenizer=True)
+    r = launch([MPIEXEC, "-n", "2", sys.executable, WORKER, "--fail-on-rank", "1", "generate", "hi", "--model",
+                str(path), "--pp", "2", "--threads", "1"], BAD_LAUNCH_TIMEOUT)
+    assert r.returncode != 0
+    assert "llmrs generate: error on rank 1: RuntimeError: rank 1 was told to fail" in r.stderr
