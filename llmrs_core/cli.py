@@ -5,6 +5,7 @@
     llmrs tokenize TEXT [--json] [--no-special]       chapter 2
     llmrs generate PROMPT [--chat] [sampling options]  chapter 4
     mpiexec -n 3 llmrs generate PROMPT --tp 3         chapter 11 (also --pp 2 under mpiexec -n 2)
+    llmrs launch -n 3 -- generate PROMPT --tp 3       chapter 11: the same, mpiexec started for you
     llmrs chat                                        chapter 4
     llmrs quantize IN OUT --type q8_0|q4_0|q4_1|q4_k|q6_k  chapter 6
     llmrs bench throughput [--requests N] [--json]    chapter 7
@@ -174,6 +175,19 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
         return run_on_ranks(args, _generate)
     return _generate(args, load(args.model, backend=args.backend, threads=args.threads))
+
+
+def cmd_launch(args: argparse.Namespace) -> int:
+    """``llmrs launch -n 3 -- generate PROMPT --tp 3``: the same command under ``mpiexec -n 3``."""
+    import subprocess
+
+    from .distributed.mpi import launch_command
+
+    rest = args.rest[1:] if args.rest[:1] == ["--"] else args.rest
+    if not rest:
+        raise ValueError("launch needs a command to run, e.g. llmrs launch -n 3 -- generate PROMPT --tp 3")
+    command, env = launch_command(args.n, rest)
+    return subprocess.call(command, env=env)
 
 
 def _generate(args: argparse.Namespace, model) -> int:
@@ -448,6 +462,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--pp", type=int, default=1,
                    help="pipeline-parallel stages, under mpiexec -n PP (chapter 11; the dist extra)")
     p.set_defaults(func=cmd_generate)
+
+    p = sub.add_parser("launch", help="run an llmrs command on N MPI ranks (mpiexec for you; chapter 11, dist extra)")
+    p.add_argument("-n", type=int, required=True, help="how many ranks (processes)")
+    p.add_argument("rest", nargs=argparse.REMAINDER, help="-- then the command, e.g. -- generate PROMPT --tp 3")
+    p.set_defaults(func=cmd_launch)
 
     p = sub.add_parser("chat", help="an interactive chat using the model's chat template")
     p.add_argument("--system", help="a system prompt (default: the template's own)")

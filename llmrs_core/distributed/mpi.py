@@ -94,10 +94,37 @@ class MPICommunicator(Communicator):
         self.comm.Abort(code)
 
 
+def find_mpiexec() -> str:
+    """The ``mpiexec`` beside this Python (the MPICH wheel's) or on ``PATH``; ``FileNotFoundError``
+    saying what to install."""
+    import shutil
+    from pathlib import Path
+
+    found = shutil.which("mpiexec", path=str(Path(sys.executable).parent)) or shutil.which("mpiexec")
+    if found is None:
+        raise FileNotFoundError(f"mpiexec not found beside {sys.executable} or on PATH: {INSTALL_HINT}")
+    return found
+
+
+def launch_command(n: int, argv: list[str]) -> tuple[list[str], dict[str, str]]:
+    """The ``mpiexec`` command line and environment that run ``llmrs ARGV`` on ``n`` ranks. With more
+    ranks than cores, each rank gets :data:`OVERSUBSCRIBED_ENV`; each gets its share of the cores as
+    Numba threads unless ``NUMBA_NUM_THREADS`` is set."""
+    if n < 1:
+        raise ValueError(f"launch -n {n}: give at least one rank")
+    cores = os.cpu_count() or 1
+    env = {**os.environ}
+    env.setdefault("NUMBA_NUM_THREADS", str(max(1, cores // n)))
+    if n > cores:
+        env = {**OVERSUBSCRIBED_ENV, **env}
+    return [find_mpiexec(), "-n", str(n), sys.executable, "-m", "llmrs_core", *argv], env
+
+
 def world() -> MPICommunicator:
     """The communicator of every process ``mpiexec`` started; ``ImportError`` saying what to
     install when mpi4py is missing."""
     return MPICommunicator()
 
 
-__all__ = ["INSTALL_HINT", "OVERSUBSCRIBED_ENV", "MPICommunicator", "under_launcher", "world"]
+__all__ = ["INSTALL_HINT", "OVERSUBSCRIBED_ENV", "MPICommunicator", "find_mpiexec", "launch_command", "under_launcher",
+           "world"]

@@ -175,3 +175,13 @@ def test_a_rank_failing_mid_run_ends_every_rank(tmp_path):
                 str(path), "--pp", "2", "--threads", "1"], BAD_LAUNCH_TIMEOUT)
     assert r.returncode != 0
     assert "llmrs generate: error on rank 1: RuntimeError: rank 1 was told to fail" in r.stderr
+
+
+def test_llmrs_launch_starts_mpiexec_for_you(tmp_path):
+    path = tmp_path / "text.gguf"
+    write_tiny_llama(path, seed=4, byte_tokenizer=True)
+    r = launch([*LLMRS, "launch", "-n", "2", "--", "generate", "hello", "--model", str(path), "--pp", "2",
+                "--max-tokens", "3", "--json"], LAUNCH_TIMEOUT)
+    assert r.returncode == 0, r.stderr
+    lines = [line for line in r.stdout.splitlines() if line.startswith("{")]
+    assert len(lines) == 1 and len(json.loads(lines[0])["token_ids"]) == 3
