@@ -394,14 +394,27 @@ def cmd_serve(args: argparse.Namespace) -> int:
             check_int(name, value, minimum=minimum)
     if args.drain_timeout < 0:
         raise ValueError(f"--drain-timeout must be >= 0, got {args.drain_timeout}")
+    from .server.tracing import otlp_provider_from_env
+
+    tracer_provider = otlp_provider_from_env()  # ValueError naming the package when the exporter is missing
     model = load(args.model, backend=args.backend, threads=args.threads)
     api_key = args.api_key if args.api_key is not None else os.environ.get("LLMRS_API_KEY")
     app = create_app(model, served_model_name=args.served_model_name, max_num_seqs=args.max_num_seqs,
-                     num_blocks=args.num_blocks, max_queue=args.max_queue, api_key=api_key or None)
+                     num_blocks=args.num_blocks, max_queue=args.max_queue, api_key=api_key or None,
+                     request_log=None if args.no_request_log else sys.stdout, log_prompts=args.log_prompts,
+                     tracer_provider=tracer_provider)
     name = app.state.served_model_name
     print(f"serving {name!r} on http://{args.host}:{args.port}/v1 (loading; /health is 200 when ready)",
           file=sys.stderr)
-    serve(app, host=args.host, port=args.port, drain_timeout=args.drain_timeout)
+    if tracer_provider is not None:
+        print(f"tracing: OTLP export to {os.environ.get('OTEL_EXPORTER_OTLP_TRACES_ENDPOINT') or os.environ['OTEL_EXPORTER_OTLP_ENDPOINT']}",
+              file=sys.stderr)
+    try:
+        serve(app, host=args.host, port=args.port, drain_timeout=args.drain_timeout,
+              access_log=args.no_request_log)
+    finally:
+        if tracer_provider is not None:
+            tracer_provider.shutdown()  # flush the spans still batched
     return 0
 
 
@@ -537,6 +550,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--served-model-name", metavar="NAME", help="the model's name in the API (default: the file's stem)")
     p.add_argument("--drain-timeout", type=float, default=30.0,
                    help="on SIGTERM, seconds the requests in flight get to finish (default 30)")
+    p.add_argument("--log-prompts", action="store_true",
+                   help="add each request's prompt and output to its JSON log line (default: not logged)")
+    p.add_argument("--no-request-log", action="store_true",
+                   help="write no JSON line per finished request on stdout (default: one per request)")
     p.set_defaults(func=cmd_serve)
     return parser
 

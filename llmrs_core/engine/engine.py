@@ -52,13 +52,35 @@ class RequestMetrics:
 
     ``token_times`` has one entry per sampled token, the first of which is
     ``first_token_time``; ``ttft`` is the time to first token and ``itl`` the
-    inter-token latencies, as vLLM's benchmarks define them.
+    inter-token latencies, as vLLM's benchmarks define them. ``scheduled_time``
+    is when a step first took the request (its first prefill chunk), so the
+    phases are vLLM's: queued (arrival to scheduled), prefill (scheduled to
+    first token), decode (first token to the last) and e2e (arrival to finish).
     """
 
     arrival_time: float
     first_token_time: float | None = None
     token_times: list[float] = field(default_factory=list)
     finished_time: float | None = None
+    scheduled_time: float | None = None
+
+    @property
+    def queue_time(self) -> float | None:
+        return None if self.scheduled_time is None else self.scheduled_time - self.arrival_time
+
+    @property
+    def prefill_time(self) -> float | None:
+        if self.scheduled_time is None or self.first_token_time is None:
+            return None
+        return self.first_token_time - self.scheduled_time
+
+    @property
+    def decode_time(self) -> float | None:
+        return None if not self.token_times else self.token_times[-1] - self.token_times[0]
+
+    @property
+    def e2e(self) -> float | None:
+        return None if self.finished_time is None else self.finished_time - self.arrival_time
 
     @property
     def ttft(self) -> float | None:
@@ -227,8 +249,12 @@ class Engine:
             return []
         self.steps += 1
         batch = []
+        scheduled = time.perf_counter()
         for chunk in chunks:
             r = chunk.request
+            m = self._states[r.request_id].metrics
+            if m.scheduled_time is None:
+                m.scheduled_time = scheduled
             batch.append((r.all_ids[r.num_computed : r.num_computed + chunk.n_tokens],
                           self.cache.sequence(r.request_id)))
         results = self._forward_isolated(batch)

@@ -6,7 +6,10 @@ One idea per module:
   requests through a queue and read per-request streams of outputs;
 * :mod:`.protocol` — OpenAI's request fields (checked, named in every error) and response shapes;
 * :mod:`.sse` — engine outputs -> server-sent events (and the non-streamed answer);
-* :mod:`.metrics` — Prometheus metrics with vLLM's names (``llmrs:`` prefix);
+* :mod:`.metrics` — Prometheus metrics with vLLM's names (``llmrs:`` prefix) and buckets;
+* :mod:`.tracing` — OpenTelemetry spans per request (queued, prefill, decode), W3C ``traceparent``;
+* :mod:`.request_log` — one JSON log line per finished request, and the hook that writes its spans;
+* :mod:`.observe` — ``make observe``: a real Prometheus scrapes the server and agrees with its usage;
 * :mod:`.app` — ``create_app(model)``: the FastAPI routes, errors, auth, cancellation;
 * :mod:`.serve` — uvicorn in the foreground with a graceful SIGTERM drain, or in a thread.
 

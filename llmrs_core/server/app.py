@@ -33,10 +33,11 @@ import json
 import secrets
 import time
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, TextIO
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from opentelemetry.trace import TracerProvider
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..engine import Engine
@@ -52,7 +53,9 @@ from .protocol import (
     parse_chat_request,
     parse_completion_request,
 )
+from .request_log import RequestObserver
 from .sse import EventStream, StreamInfo, collect, sse_events
+from .tracing import context_from_headers
 
 #: the default generation budget of /v1/completions (OpenAI's and vLLM's); chat's is the rest of the context
 DEFAULT_COMPLETION_MAX_TOKENS = 16
@@ -71,6 +74,9 @@ def create_app(
     warm_up: bool = True,
     max_body_bytes: int = MAX_BODY_BYTES,
     stream_events: EventStream = sse_events,
+    request_log: TextIO | None = None,
+    log_prompts: bool = False,
+    tracer_provider: TracerProvider | None = None,
 ) -> FastAPI:
     """An app serving ``model`` (which needs a tokenizer) through one continuous-batching engine.
 
@@ -79,11 +85,19 @@ def create_app(
     engine-loop thread when the app starts; ``/health`` is 503 until then. The model's
     name in the API is ``served_model_name`` (default: the file's stem). ``stream_events``
     writes the SSE events of streamed answers (Exercise 11.6 plugs the learner's in here).
+    Each finished request writes one JSON line to ``request_log`` (prompts and outputs
+    only with ``log_prompts``) and its spans to ``tracer_provider`` (default: the global
+    one) — :mod:`.request_log`, :mod:`.tracing`.
     """
     tokenizer = model.tokenizer  # ValueError now if the model has none: a server needs text
     name = served_model_name or model.path.stem
     config = model.config
-    metrics = ServerMetrics(name)
+    metrics = ServerMetrics(name, config.context_length)
+    observer = RequestObserver(name, request_log, log_prompts, tracer_provider)
+
+    def on_step(engine: Engine, outputs: list) -> None:
+        metrics.observe_step(engine, outputs)
+        observer.observe_step(engine, outputs)
 
     def make_engine() -> Engine:
         if warm_up:
@@ -91,7 +105,7 @@ def create_app(
         return Engine(model.network, tokenizer, num_blocks=num_blocks, block_size=block_size,
                       max_num_seqs=max_num_seqs)
 
-    engine_loop = EngineLoop(make_engine, max_queue=max_queue, on_step=metrics.observe_step)
+    engine_loop = EngineLoop(make_engine, max_queue=max_queue, on_step=on_step)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -104,6 +118,7 @@ def create_app(
     app = FastAPI(title="llmrs", version="1", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.engine_loop = engine_loop
     app.state.metrics = metrics
+    app.state.observer = observer
     app.state.served_model_name = name
 
     # -- errors, in OpenAI's shape -------------------------------------------------------
@@ -167,15 +182,22 @@ def create_app(
         check_model(req)
         encoded = await asyncio.to_thread(encode, req, chat)
         response_id = new_id("chatcmpl" if chat else "cmpl")
-        requests, choice_of = [], {}
+        requests, choice_of, prompt_of = [], {}, {}
         for p, (ids, max_tokens) in enumerate(encoded):
             for j in range(req.n):
                 rid = f"{response_id}-{p * req.n + j}"
                 choice_of[rid] = p * req.n + j
+                prompt_of[rid] = req.prompts[p]
                 requests.append(EngineRequest(rid, ids, max_tokens, req.sampling_for(j), req.stop, req.ignore_eos,
                                               req.logprobs))
+        client = f"{request.client.host}:{request.client.port}" if request.client else ""
+        observer.register(list(choice_of), client, context_from_headers(request.headers), prompt_of)
         try:
-            stream = await engine_loop.submit(requests)
+            try:
+                stream = await engine_loop.submit(requests)
+            except BaseException:
+                observer.discard(list(choice_of))
+                raise
         except QueueFullError as e:
             raise APIError(429, str(e), code="rate_limit_exceeded", headers={"Retry-After": "1"}) from None
         except EngineDeadError as e:

@@ -138,8 +138,9 @@ class EngineLoop:
         max_queue: the most requests waiting for the engine (submitted and not yet
             running) before :meth:`submit` raises :class:`QueueFullError`; ``None``: no limit.
         on_step: called in the loop thread after every iteration with the engine and
-            that step's outputs (empty when only admissions or aborts happened), before
-            finished requests are released — the metrics read the engine here.
+            that iteration's outputs — its aborts (finish reason ``"abort"``) first, then
+            the step's — before finished requests are released: the metrics, logs and
+            traces read the engine here.
     """
 
     def __init__(
@@ -261,9 +262,10 @@ class EngineLoop:
         for s in submissions:
             self._admit(engine, s, aborts)
         finished = [rid for rid in aborts if rid in self._streams]
-        for rid in finished:
+        aborted = [RequestOutput(rid, [], "", True, "abort") for rid in finished]
+        for rid, out in zip(finished, aborted):
             engine.abort(rid)
-            self._deliver(RequestOutput(rid, [], "", True, "abort"))
+            self._deliver(out)
         outputs: list[RequestOutput] = []
         if engine.has_unfinished():
             outputs = engine.step()
@@ -272,7 +274,7 @@ class EngineLoop:
         for out in outputs:
             self._deliver(out)
         if self._on_step is not None:
-            self._on_step(engine, outputs)
+            self._on_step(engine, aborted + outputs)
         for rid in finished + [o.request_id for o in outputs if o.finished]:
             engine.release(rid)
         self._engine_waiting = len(engine.scheduler.waiting)

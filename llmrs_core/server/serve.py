@@ -46,10 +46,11 @@ class _DrainingServer(uvicorn.Server):
 
 
 def serve(app: FastAPI, host: str = "127.0.0.1", port: int = 8000, drain_timeout: float = 30.0,
-          log_level: str = "info") -> None:
-    """Serve ``app`` until SIGTERM or Ctrl-C; in-flight requests get ``drain_timeout`` seconds to finish."""
+          log_level: str = "info", access_log: bool = True) -> None:
+    """Serve ``app`` until SIGTERM or Ctrl-C; in-flight requests get ``drain_timeout`` seconds to finish.
+    ``access_log=False`` leaves out uvicorn's line per HTTP request (the app's JSON lines replace it)."""
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level, lifespan="on",
-                            timeout_graceful_shutdown=drain_timeout)
+                            timeout_graceful_shutdown=drain_timeout, access_log=access_log)
     server = _DrainingServer(config)
     server.run()
     if not server.started:
