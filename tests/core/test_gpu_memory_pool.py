@@ -137,6 +137,19 @@ def test_freeing_the_middle_block_merges_both_neighbours():
     assert layout(pool) == [(2 * MiB, "free")]
 
 
+def test_a_block_split_from_a_hole_leaves_a_remainder_that_still_merges():
+    pool, _, _ = make_pool()
+    hole, right = pool.malloc(4096), pool.malloc(512)
+    pool.malloc(512)  # a guard after them
+    pool.free(hole)
+    b = pool.malloc(1024)  # split from the hole: [b 1024][rest 3072][right 512]...
+    assert b == hole
+    pool.free(right)  # merges with its left neighbour, which is now the remainder
+    assert layout(pool)[:3] == [(1024, "allocated"), (3072 + 512, "free"), (512, "allocated")]
+    pool.free(b)
+    assert layout(pool)[:2] == [(4096 + 512, "free"), (512, "allocated")]
+
+
 def test_without_coalescing_the_fragments_stay():
     pool, _, _ = make_pool(config=PoolConfig(coalesce=False))
     a, b = pool.malloc(512), pool.malloc(512)
