@@ -85,3 +85,26 @@ def test_the_generated_kernels_compile_for_sm_90():
     )
     assert proc.returncode == 0, f"compile_ptx failed:\n{proc.stderr[-3000:]}"
     assert proc.stdout.split() == ["ok", "residual_rms_norm", "ok", "swiglu"]
+
+
+def several_staged_values(x, r, w):
+    """A graph with several [T, D] values for the second pass, a sum (not a mean), and weight ops."""
+    a, b = x * r, x - r
+    s = (a * b).sum()
+    return {"y": a * s + b * w, "z": (w * 2.0) * b - s}
+
+
+def test_a_kernel_with_several_staged_values_and_a_sum():
+    rng = np.random.default_rng(7)
+    t, d = 3, 40
+    x, r = rng.standard_normal((t, d), dtype=np.float32), rng.standard_normal((t, d), dtype=np.float32)
+    w = rng.standard_normal(d, dtype=np.float32)
+    a, b = x * r, x - r
+    s = (a * b).sum(axis=-1, keepdims=True)
+    want = {"y": a * s + b * w, "z": (w * 2) * b - s}  # the formula, in NumPy
+    graph = F.trace(several_staged_values, x="elem", r="elem", w="col")
+    # pass 1 computes a, b * w and (w * 2) * b, which do not need the sum, and stages them for pass 2
+    assert [n.op for n in C.passes(graph).staged] == ["mul", "mul", "mul"]
+    out = C.build_numba_kernel(graph, d)(x=to_device(x), r=to_device(r), w=to_device(w))
+    for name in want:
+        assert normalised_error(to_host(out[name]), want[name]) <= float32_tolerance(d), name
