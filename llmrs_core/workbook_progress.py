@@ -31,6 +31,7 @@ from .workbook import (
     Stub,
     chapter_exercises,
     committed_source,
+    exercise_titles,
     exercises_path,
     find_root,
     find_stubs,
@@ -104,7 +105,7 @@ def progress(root: Path | None = None) -> tuple[list[Row], float, int]:
     """The table's rows, the seconds it took and how many exercises' tests ran."""
     root = root or find_root()
     start = time.perf_counter()
-    plan: list[tuple[int, dict[str, str], list[Stub], str]] = []  # chapter, exercises, stubs, problem
+    plan: list[tuple[int, dict[str, str], list[Stub], str]] = []  # chapter, titles, stubs, problem
     to_run: list[str] = []
     for chapter in sorted(CHAPTERS):
         path = exercises_path(chapter, root)
@@ -117,23 +118,24 @@ def progress(root: Path | None = None) -> tuple[list[Row], float, int]:
             plan.append((chapter, exercises, [], f"exercises.py does not parse (line {e.lineno}: {e.msg})"))
             continue
         try:
-            pristine = find_stubs(committed_source(path, root))
+            given = committed_source(path, root)
+            pristine, titles = find_stubs(given), exercise_titles(given)
         except (LookupError, SyntaxError):
-            pristine = None  # cannot tell what was given: run every exercise's tests
+            pristine, titles = None, {}  # cannot tell what was given: run every exercise's tests
         tested = tested_exercises(chapter, root)
         for e in exercises:
             left = {s.qualname for s in stubs if s.exercise == e}
             given = None if pristine is None else {s.qualname for s in pristine if s.exercise == e}
             if e in tested and not (given and left == given):
                 to_run.append(e)
-        plan.append((chapter, exercises, stubs, ""))
+        plan.append((chapter, {e: t or titles.get(e, "") for e, t in exercises.items()}, stubs, ""))
     chapters_run = sorted({int(e.split(".")[0]) for e in to_run})
     outcomes, failure = run_exercise_tests(root, chapters_run, to_run)
     engine = engine_parts(root)
     rows = []
     for chapter, exercises, stubs, problem in plan:
         pairs = [(e, o) for e, o in outcomes if e in exercises]
-        for e, result in results_for(chapter, pairs, stubs, root).items():
+        for e, result in results_for(chapter, pairs, stubs, root, titles=exercises).items():
             if problem:
                 status = problem
             elif e not in to_run and result.stubs:

@@ -84,12 +84,14 @@ class ExerciseResult:
 
 
 def results_for(
-    chapter: int, outcomes: Iterable[tuple[str, str]], stubs: Iterable[Stub] = (), root: Path | None = None
+    chapter: int, outcomes: Iterable[tuple[str, str]], stubs: Iterable[Stub] = (), root: Path | None = None,
+    titles: dict[str, str] | None = None,
 ) -> dict[str, ExerciseResult]:
     """``{exercise: ExerciseResult}`` for ``chapter``, in order, from ``(exercise, outcome)`` pairs
-    (one per test) and the stubs left in the learner's file."""
-    titles = chapter_exercises(chapter, root)
-    results = {e: ExerciseResult(e, title) for e, title in titles.items()}
+    (one per test) and the stubs left in the learner's file; ``titles`` fill in those its
+    docstring no longer gives."""
+    found = chapter_exercises(chapter, root)
+    results = {e: ExerciseResult(e, title or (titles or {}).get(e, "")) for e, title in found.items()}
     for exercise, outcome in outcomes:
         results.setdefault(exercise, ExerciseResult(exercise)).add(outcome)
     for stub in stubs:

@@ -42,7 +42,7 @@ from llmrs_core.workbook import (
     parse_exercise,
     say_exercises,
 )
-from llmrs_core.workbook_report import LEGEND, engine_parts, final_line, results_for, stub_lines
+from llmrs_core.workbook_report import LEGEND, PASSING, engine_parts, final_line, results_for, stub_lines
 
 TESTS = Path(__file__).resolve().parent
 ROOT = TESTS.parent
@@ -361,13 +361,13 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
         results = {e: r for e, r in results_for(chapter, pairs, stubs, ROOT).items() if e in ran}
         stub_report += stub_lines(chapter, results.values(), ROOT)
         legend = legend or any(r.failed or r.not_implemented for r in results.values())
-        if impl == "learner" and engine is None and all(r.status == "passing" for r in results.values()):
+        if impl == "learner" and engine is None and all(r.status == PASSING for r in results.values()):
             engine = engine_parts(ROOT) or {}
         last_lines.append(final_line(chapter, results, impl, ROOT, engine))
     if stub_report:
         n = sum(1 for line in stub_report if line.startswith("    "))
-        tr.write_sep("-", f"not implemented yet: {n} function{'s' if n > 1 else ''} still raise NotImplementedError",
-                     yellow=True)
+        raises = "functions still raise" if n > 1 else "function still raises"
+        tr.write_sep("-", f"not implemented yet: {n} {raises} NotImplementedError", yellow=True)
         for line in stub_report:
             tr.write_line(line)
     if legend:
