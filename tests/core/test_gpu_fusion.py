@@ -164,6 +164,8 @@ def test_bad_graphs_and_inputs_are_refused():
         F.trace(lambda x: {"y": x * x.mean() * x.sum()}, x="elem")
     with pytest.raises(TypeError, match="traced values and Python numbers"):
         F.trace(lambda x: {"y": x * "2"}, x="elem")
+    with pytest.raises(ValueError, match="constants must be finite"):
+        F.trace(lambda x: {"y": x * float("inf")}, x="elem")
     with pytest.raises(ValueError, match="reduces the columns"):
         F.trace(lambda x, w: {"y": x * w.mean()}, x="elem", w="col")
     for bad in ("v3", "out_h", "_x", "row", "i", "not an identifier"):

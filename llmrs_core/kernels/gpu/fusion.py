@@ -171,6 +171,8 @@ class _Tracer:
             raise TypeError(
                 f"only traced values and Python numbers can be combined, not {type(value).__name__}"
             )
+        if not np.isfinite(value):
+            raise ValueError(f"constants must be finite numbers, not {value!r}")
         return self.node("const", (), "scalar", value=float(value))
 
     def add(self, op: str, args: tuple[int, ...]) -> Traced:
