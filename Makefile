@@ -137,10 +137,13 @@ gpu-check:
 # chose a core type (some machines set OPENBLAS_CORETYPE because other kernels are wrong there:
 # that choice stands). The haswell leg needs AVX2 and FMA to run; without, it is skipped, saying so.
 PORTABLE_CPUS := haswell generic
-# what computes no floats and compiles nothing: the tokenizer and the workbook's own mechanics; and the
-# mpiexec launches, whose arithmetic test_distributed.py checks in one process (ranks compiling into an
-# empty cache at once would take minutes)
+# what computes no floats and compiles nothing: the tokenizer and the workbook's own mechanics; the
+# server and its benchmark (HTTP, framing, scheduling: they compare a backend with itself) and the GPU
+# memory pool; and the mpiexec launches, whose arithmetic test_distributed.py checks in one process
+# (ranks compiling into an empty cache at once would take minutes)
 PORTABLE_SKIP := --ignore-glob='tests/core/test_tokenizer*' --ignore-glob='tests/core/test_workbook_*' \
+                 --ignore-glob='tests/core/test_server*' --ignore-glob='tests/core/test_bench_serve*' \
+                 --ignore-glob='tests/core/test_gpu_memory_pool*' --ignore-glob='tests/core/test_prometheus*' \
                  --ignore=tests/core/test_distributed_mpi.py
 test-portable: fetch
 	@total=$$(date +%s); \
