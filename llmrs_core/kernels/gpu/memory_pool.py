@@ -234,9 +234,8 @@ class CachingAllocator:
     ) -> None:
         self.device, self.events, self.config = device, events, config
         self._blocks: dict[int, _Block] = {}  # every block of every segment, by address
-        self._free: dict[
-            tuple[bool, Hashable], list[tuple[int, int]]
-        ] = {}  # (small, stream) -> [(size, ptr)]
+        # (small pool?, stream) -> its free blocks as sorted (size, ptr): best fit is one bisect
+        self._free: dict[tuple[bool, Hashable], list[tuple[int, int]]] = {}
         self._segments: dict[int, _Segment] = {}
         self._pending: list[tuple[_Block, list[Event]]] = []
         self._later: collections.deque[int] = collections.deque()
