@@ -2,7 +2,7 @@
 
 ``python mpi_worker.py MODEL TP PP PROMPT_IDS_JSON N OUT_NPZ [-- CLI ARGS...]``: loads this rank's
 shard with ``llmrs.load(MODEL, tp=TP, pp=PP)``, generates ``N`` greedy tokens after the prompt
-and computes the logits of prompt + tokens; rank 0 writes both to ``OUT_NPZ``. Then, if given,
+(none for ``N = 0``) and computes the logits of prompt + tokens; rank 0 writes both to ``OUT_NPZ``. Then, if given,
 it runs ``llmrs CLI ARGS`` in the same launch (its output on rank 0's stdout), so that one
 launch checks both the front door and the command line.
 
@@ -45,7 +45,7 @@ def run(argv: list[str]) -> int:
     model, tp, pp, prompt, n, out = argv[:split]
     m = llmrs.load(model, backend="numba", threads=1, tp=int(tp), pp=int(pp))
     prompt_ids = json.loads(prompt)
-    tokens = m.generate(prompt_ids, max_tokens=int(n)).token_ids
+    tokens = m.generate(prompt_ids, max_tokens=int(n)).token_ids if int(n) else []
     logits = m.logits(prompt_ids + tokens)
     if launcher_rank() == 0:
         np.savez(out, tokens=np.array(tokens), logits=logits)
