@@ -23,6 +23,8 @@ def get_backend(name: str | None = None, threads: int | None = None) -> Backend:
     set by ``OPENBLAS_NUM_THREADS`` or ``threadpoolctl``.
     """
     name = DEFAULT_BACKEND if name is None else name
+    if threads is not None and name == "cuda":
+        raise ValueError("threads= sets the numba backend's threads; the cuda backend computes on the GPU")
     if threads is not None and name != "numba":
         raise ValueError(
             f"threads= sets the numba backend's threads; the {name} backend multiplies with BLAS, "
