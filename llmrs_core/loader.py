@@ -279,6 +279,9 @@ def load(path: str | os.PathLike[str] | None = None, backend: str | None = None,
             source = _open(path, backend)
             model = Model(source, backend=backend, threads=threads,
                           split=shard(source, comm, tp, pp, vocab_parallel))
+            if model._backend.xp is not np:  # the collectives move NumPy arrays (MPI); NCCL is not built
+                raise ValueError(f"tp/pp run on the CPU backends (numba, numpy); {model.backend!r} keeps "
+                                 "its arrays on a GPU, which this engine's communicators cannot move")
             _ = model.network  # load the weights now, so that every rank knows every rank loaded
             return model
 
