@@ -55,6 +55,40 @@ def _probe_inputs(seed: int = 0) -> dict[str, tuple]:
     }
 
 
+class LearnerOutputError(ValueError):
+    """The learner's function returned what the model cannot use; the message names it and what was expected."""
+
+
+#: the shape each operation returns, from its arguments (float32 throughout, as the model's activations)
+_RESULT_SHAPES: dict[str, Callable[..., tuple]] = {
+    "matmul": lambda x, w: (x.shape[0], w.shape[0]),
+    "rms_norm": lambda x, weight, eps: x.shape,
+    "swiglu": lambda gate, up: gate.shape,
+    "rope": lambda x, positions, theta: x.shape,
+    "attention": lambda q, k, v: q.shape,
+}
+
+
+def _checked(op: str, label: str, name: str, fn: Callable) -> Callable:
+    """``fn`` (the learner's) with every result checked before the model uses it: an array of
+    the shape the reference gives, float32 — else a :class:`LearnerOutputError` naming ``name``."""
+    expected = _RESULT_SHAPES[op]
+
+    def call(*args):
+        out = fn(*args)
+        want = tuple(expected(*args))
+        shape, dtype = getattr(out, "shape", None), getattr(out, "dtype", None)
+        if shape is None or tuple(shape) != want or dtype != np.float32:
+            got = f"{dtype} of shape {tuple(shape)}" if shape is not None else type(out).__name__
+            inputs = ", ".join(str(tuple(a.shape)) for a in args if hasattr(a, "shape"))
+            raise LearnerOutputError(
+                f"{label}: your {name} returned {got} for inputs {inputs}; expected float32 of shape {want}"
+            )
+        return out
+
+    return call
+
+
 class LearnerBackend(NumpyBackend):
     """NumPy backend whose operations are replaced by the learner's where implemented."""
 
@@ -106,9 +140,10 @@ class LearnerBackend(NumpyBackend):
         err = float(np.max(np.abs(got - want)))
         note = "" if err < 1e-4 else f"differs from the reference by {err:.3g} on a probe!"
         self.parts[op] = Part(label, "yours", note)
+        name = getattr(theirs, "__name__", op)
         if op == "attention":
-            return lambda q, k, v: theirs(q, k, v, True)
-        return theirs
+            return _checked(op, label, name, lambda q, k, v: theirs(q, k, v, True))
+        return _checked(op, label, name, theirs)
 
     def _choose_sampler(self, theirs: Callable | None) -> Callable | None:
         label = "sampling (Exercise 4.7)"
@@ -131,7 +166,18 @@ class LearnerBackend(NumpyBackend):
             return Sampler(params)
         rng = np.random.default_rng(params.seed)
         sample = self._learner_sample
-        return lambda logits, history: int(sample(logits, params, rng, history))
+
+        def checked(logits, history) -> int:
+            token = sample(logits, params, rng, history)
+            is_int = np.ndim(token) == 0 and np.issubdtype(np.asarray(token).dtype, np.integer)
+            if not is_int or not 0 <= int(token) < len(logits):
+                raise LearnerOutputError(
+                    f"sampling (Exercise 4.7): your sample_token returned {token!r}; expected a token id, "
+                    f"an int in 0..{len(logits) - 1}"
+                )
+            return int(token)
+
+        return checked
 
     def describe(self) -> str:
         lines = ["backend 'learner' — who computes what:"]
@@ -141,4 +187,4 @@ class LearnerBackend(NumpyBackend):
         return "\n".join(lines)
 
 
-__all__ = ["LearnerBackend"]
+__all__ = ["LearnerBackend", "LearnerOutputError"]
