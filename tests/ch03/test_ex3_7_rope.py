@@ -97,15 +97,21 @@ def test_ex3_7_half_matches_pairwise_rotation(ex):
 
 def test_ex3_7_rotation_properties(ex):
     x = sample()
-    np.testing.assert_allclose(ex.apply_rope_interleaved(x, np.zeros(6), 1e4), x, atol=1e-7), "position 0: no rotation"
+    assert_matches(ex.apply_rope_interleaved(x, np.zeros(6), 1e4), x, what="your interleaved RoPE at position 0",
+                   axes=AXES, tol=TOL, note=" (position 0 turns by angle 0: no rotation)")
     rotated = ex.apply_rope_interleaved(x, np.arange(6) * 37, 1e4)
-    np.testing.assert_allclose(np.linalg.norm(rotated, axis=-1), np.linalg.norm(x, axis=-1), rtol=1e-5)
+    assert_matches(np.linalg.norm(rotated, axis=-1), np.linalg.norm(x, axis=-1), what="the length of each rotated "
+                   "vector", axes=("token", "head"), tol=float32_tolerance(16, depth=2),
+                   note=" (a rotation keeps lengths: cos and sin of the same angle in each pair)")
     # relative position: q at m and k at n give the same score as q at m+s and k at n+s
     q, k = sample(1, 1, 16, 1), sample(1, 1, 16, 2)
     for rope in (ex.apply_rope_interleaved, ex.apply_rope_half):
         s1 = (rope(q, np.array([7]), 1e4) * rope(k, np.array([3]), 1e4)).sum()
         s2 = (rope(q, np.array([107]), 1e4) * rope(k, np.array([103]), 1e4)).sum()
-        assert abs(s1 - s2) < 1e-4, "q.k after RoPE must depend only on the distance m - n"
+        assert abs(s1 - s2) < 1e-4, (
+            f"with your {rope.__name__}, q.k must depend only on the distance m - n: q at 7 and k at 3 give "
+            f"{s1:.6g}, q at 107 and k at 103 give {s2:.6g}"
+        )
 
 
 def test_ex3_7_permutation_makes_the_two_forms_agree(ex):
