@@ -24,7 +24,7 @@ def test_ex4_7_penalties(ex):
     logits = np.array([2.0, -2.0, 1.0, 0.5], dtype=np.float32)
     original = logits.copy()
     out = ex.apply_penalties(logits, [0, 1, 1], repetition_penalty=2.0)
-    np.testing.assert_allclose(out, [1.0, -4.0, 1.0, 0.5]), "divide positive logits, multiply negative ones"
+    np.testing.assert_allclose(out, [1.0, -4.0, 1.0, 0.5], err_msg="divide positive logits, multiply negative ones")
     assert np.array_equal(logits, original), "apply_penalties must not change its input"
     out = ex.apply_penalties(logits, [0, 1, 1], presence_penalty=0.5, frequency_penalty=0.1)
     np.testing.assert_allclose(out, [2.0 - 0.6, -2.0 - 0.7, 1.0, 0.5], rtol=1e-6)
@@ -41,7 +41,7 @@ def test_ex4_7_top_k(ex):
     assert kept(ex.top_k_filter(LOGITS, 2)) == [0, 1]
     assert kept(ex.top_k_filter(LOGITS, 0)) == [0, 1, 2, 3], "k = 0 turns top-k off"
     assert kept(ex.top_k_filter(np.array([1.0, 3.0, 3.0, 2.0]), 1)) == [1, 2], "ties with the k-th stay"
-    np.testing.assert_allclose(ex.top_k_filter(LOGITS, 3)[:3], LOGITS[:3]), "kept logits are unchanged"
+    np.testing.assert_allclose(ex.top_k_filter(LOGITS, 3)[:3], LOGITS[:3], err_msg="kept logits are unchanged")
 
 
 @pytest.mark.parametrize(
