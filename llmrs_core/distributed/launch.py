@@ -87,14 +87,19 @@ def agree(comm: Communicator, step: Callable[[], T], what: str = "load the model
 
 
 def shard(source: WeightSource, comm: Communicator, tp: int, pp: int,
-          vocab_parallel: bool = True) -> tuple[ShardSource, StepPlan]:
-    """This rank's :class:`ShardSource` and its :class:`StepPlan` (rank = TP rank, or PP stage)."""
+          vocab_parallel: bool = True, micro_batched: bool = False) -> tuple[ShardSource, StepPlan]:
+    """This rank's :class:`ShardSource` and its :class:`StepPlan` (rank = TP rank, or PP stage).
+    ``micro_batched``: a :class:`~.pipeline.PipelineStage` for :func:`~.pipeline.pipelined_greedy`."""
     check_sizes(tp, pp)
     if tp > 1:
         spec = ShardSpec(tp=tp, tp_rank=comm.rank, vocab_parallel=vocab_parallel)
         part = ShardSource(source, spec)
         return part, TensorParallel(comm, part.vocab_rows, source.config.vocab_size)
     part = ShardSource(source, ShardSpec(pp=pp, pp_rank=comm.rank))
+    if micro_batched:
+        from .pipeline import PipelineStage
+
+        return part, PipelineStage(comm, source.config.hidden_size)
     return part, PipelineParallel(comm, source.config.hidden_size, source.config.vocab_size)
 
 

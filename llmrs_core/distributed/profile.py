@@ -60,6 +60,48 @@ def run(args: argparse.Namespace) -> dict | None:
             "config": dataclasses.asdict(model.config), "ranks": everyone}
 
 
+PROMPTS = ["The capital of France is", "Once upon a time", "The three primary colours are",
+           "Water boils at", "The largest planet is", "A haiku about autumn:"]
+
+
+def run_micro(args: argparse.Namespace) -> dict | None:
+    """``--micro-batches G``: G prompts interleaved through the pipeline's stages
+    (:func:`~.pipeline.pipelined_greedy`); with ``--pp 1`` the same schedule in one process."""
+    import llmrs_core as llmrs
+
+    from ..backends import get_backend
+    from ..model import LlamaModel
+    from .communicator import LocalCommunicator
+    from .launch import connect, shard
+    from .pipeline import pipelined_greedy
+    from .timeline import TimedCommunicator
+
+    comm = TimedCommunicator(connect(1, args.pp) if args.pp > 1 else LocalCommunicator.group(1)[0])
+    source = llmrs.read_gguf(args.model or llmrs.fetch_model(quiet=True))
+    part, plan = shard(source, comm.inner if args.pp == 1 else comm, 1, args.pp, micro_batched=True)
+    if args.pp > 1:
+        plan.comm = comm
+    net = LlamaModel(part, part.config, get_backend(args.backend, args.threads), plan=plan)
+    net.warm_up()
+    tok = source.tokenizer()
+    prompts = [tok.encode(PROMPTS[g % len(PROMPTS)]) for g in range(args.micro_batches)]
+    comm.barrier()
+    comm.events.clear()
+    start = time.perf_counter()
+    tokens = pipelined_greedy(net, plan, prompts, args.tokens)
+    end = time.perf_counter()
+    waits = sum(ev.end - ev.start for ev in comm.events if ev.op in ("recv", "send"))
+    rank = {"rank": comm.rank, "span": (0.0, end - start),
+            "events": [(ev.op, ev.start - start, ev.end - start, ev.nbytes) for ev in comm.events],
+            "busy_share": 1 - waits / (end - start),
+            "tokens_per_s": args.micro_batches * args.tokens / (end - start)}
+    everyone = comm.gather_objects(rank)
+    if comm.rank != 0:
+        return None
+    return {"pp": args.pp, "micro_batches": args.micro_batches, "decode_tokens": args.tokens,
+            "token_ids": tokens, "ranks": everyone}
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m llmrs_core.distributed.profile", description=__doc__.split("\n")[0])
     p.add_argument("--model", help="a GGUF file (default: SmolLM2)")
@@ -71,9 +113,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prompt", default="The capital of France is")
     p.add_argument("--whole-vocab", action="store_true",
                    help="TP: keep the embedding and output head whole on every rank (default: vocab-parallel)")
+    p.add_argument("--micro-batches", type=int, default=0,
+                   help="pipeline: this many prompts in flight through the stages (with --pp, or --pp 1)")
     p.add_argument("--out", help="write the JSON here (default: standard output)")
     args = p.parse_args(argv)
-    result = run(args)
+    result = run_micro(args) if args.micro_batches else run(args)
     if result is not None:
         text = json.dumps(result)
         if args.out:

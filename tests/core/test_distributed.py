@@ -268,3 +268,23 @@ def test_the_ring_all_reduce_equals_the_communicator_s(p):
 
     for got, want in run_local(p, body):
         assert normalised_error(got, want) <= float32_tolerance(p)
+
+
+@pytest.mark.parametrize("pp", [1, 2, 3])
+def test_a_micro_batched_pipeline_gives_each_prompt_its_greedy_tokens(tiny, pp):
+    """Groups interleaved through the stages (pipelined_greedy) against generate() per prompt."""
+    from llmrs_core.backends import get_backend
+    from llmrs_core.distributed.launch import shard
+    from llmrs_core.distributed.pipeline import pipelined_greedy
+    from llmrs_core.model import LlamaModel
+
+    prompts = [IDS[:4], IDS[2:9], IDS]
+    whole = llmrs.load(tiny, backend="numpy")
+    want = [whole.generate(p, max_tokens=7).token_ids for p in prompts]
+
+    def body(comm):
+        part, plan = shard(whole.gguf, comm, 1, pp, micro_batched=True)
+        net = LlamaModel(part, part.config, get_backend("numpy"), plan=plan)
+        return pipelined_greedy(net, plan, prompts, 7)
+
+    assert run_local(pp, body) == [want] * pp
