@@ -78,9 +78,7 @@ def run_micro(args: argparse.Namespace) -> dict | None:
 
     comm = TimedCommunicator(connect(1, args.pp) if args.pp > 1 else LocalCommunicator.group(1)[0])
     source = llmrs.read_gguf(args.model or llmrs.fetch_model(quiet=True))
-    part, plan = shard(source, comm.inner if args.pp == 1 else comm, 1, args.pp, micro_batched=True)
-    if args.pp > 1:
-        plan.comm = comm
+    part, plan = shard(source, comm, 1, args.pp, micro_batched=True)
     net = LlamaModel(part, part.config, get_backend(args.backend, args.threads), plan=plan)
     net.warm_up()
     tok = source.tokenizer()
