@@ -137,7 +137,7 @@ def transformers_anchor(model_path: str, pp: int, tg: int, repetitions: int) -> 
     from transformers import AutoModelForCausalLM
 
     path = Path(model_path)
-    model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, torch_dtype=torch.float16)
+    model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float16)
     model = model.to("cuda").eval()
     vocab = model.config.vocab_size
     prompt = torch.randint(0, vocab, (1, pp), device="cuda", generator=torch.Generator("cuda").manual_seed(0))

@@ -7,8 +7,9 @@ device's array module (:attr:`xp`: CuPy on a GPU). A step of up to
 straight from the blocks with the fused dequantise-and-matvec kernels; a longer step
 (prefill) dequantises each matrix on the device and lets ``xp.matmul`` multiply (cuBLAS
 on a GPU). RMSNorm, RoPE and SwiGLU are single kernels; attention is the paged decode
-kernel for one query and the tiled online-softmax kernel for a prompt; greedy sampling
-takes the argmax on the device (one integer per token comes back, not the logits).
+kernel for one query and the tiled online-softmax kernel for a prompt; sampling runs on
+the device (greedy as an argmax kernel, the rest of the chain in CuPy operations): one integer
+per token comes back, not the logits.
 
 Without a GPU the same kernels run in numba-cuda's CUDA simulator when it is enabled
 (``NUMBA_ENABLE_CUDASIM=1``, or ``kernels.gpu.runtime.enable_simulator()`` before
@@ -25,7 +26,7 @@ import numpy as np
 
 from ..formats.ggml_types import GGMLType
 from ..kernels.gpu import runtime
-from ..sampling import Sampler, SamplingParams
+from ..sampling import SamplingParams
 from .base import Backend
 
 if TYPE_CHECKING:
@@ -47,16 +48,19 @@ class DeviceGreedy:
         return int(greedy(logits)[0])
 
 
-class HostSampler:
-    """Any other sampling chain: the logits come to the host and :class:`~llmrs_core.sampling.Sampler` runs."""
+class DeviceSampler:
+    """Any other sampling chain (penalties, temperature, top-k, top-p, min-p) on the device
+    (``kernels.gpu.sampling.sample``): the same tokens as :class:`~llmrs_core.sampling.Sampler`
+    for the same seed, and only the chosen id comes back."""
 
     def __init__(self, params: SamplingParams):
-        self.sampler = Sampler(params)
+        self.params = params
+        self.rng = np.random.default_rng(params.seed)
 
     def __call__(self, logits: Any, history: Sequence[int] = ()) -> int:
-        from ..kernels.gpu.arrays import to_host
+        from ..kernels.gpu.sampling import sample
 
-        return self.sampler(to_host(logits).reshape(-1), history)
+        return sample(logits, self.params, self.rng, history)
 
 
 class CudaBackend(Backend):
@@ -124,7 +128,7 @@ class CudaBackend(Backend):
         neutral = params.repetition_penalty == 1.0 and params.presence_penalty == 0.0 and params.frequency_penalty == 0.0
         if params.greedy and neutral:
             return DeviceGreedy()
-        return HostSampler(params)
+        return DeviceSampler(params)
 
     def describe(self) -> str:
         if runtime.simulator_enabled():
@@ -133,4 +137,4 @@ class CudaBackend(Backend):
         return f"cuda ({device.name.decode() if isinstance(device.name, bytes) else device.name})"
 
 
-__all__ = ["FUSED_MAX_TOKENS", "CudaBackend", "DeviceGreedy", "HostSampler"]
+__all__ = ["FUSED_MAX_TOKENS", "CudaBackend", "DeviceGreedy", "DeviceSampler"]

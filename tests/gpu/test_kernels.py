@@ -20,6 +20,7 @@ from llmrs_core.kv_cache.paged import PagedKVCache
 from llmrs_core.kv_cache.paged import paged_attention as ref_paged_attention
 from llmrs_core.quant.dequant import dequantize
 from llmrs_core.quant.ggml_blocks import quantize
+from llmrs_core.sampling import SamplingParams, sample_token
 from llmrs_core.testing import float32_tolerance, normalised_error, tiny_llama_config
 
 
@@ -187,3 +188,23 @@ def test_greedy_argmax_on_the_device():
     got = sampling.greedy(to_device(logits))
     np.testing.assert_array_equal(got, np.argmax(logits, axis=1))
     assert sampling.greedy(to_device(logits[2]))[0] == np.argmax(logits[2])
+
+
+@pytest.mark.parametrize("params", [
+    SamplingParams(temperature=0.8, seed=1),
+    SamplingParams(temperature=1.2, top_k=20, seed=2),
+    SamplingParams(temperature=0.7, top_p=0.9, seed=3),
+    SamplingParams(temperature=1.0, top_k=50, top_p=0.8, min_p=0.05, seed=4),
+    SamplingParams(temperature=0.9, repetition_penalty=1.3, presence_penalty=0.5, frequency_penalty=0.2, seed=5),
+    SamplingParams(temperature=0.0, repetition_penalty=1.5, seed=6),  # greedy after penalties
+])
+def test_sampling_chain_on_the_device_gives_the_host_samplers_tokens(params):
+    rng = np.random.default_rng()
+    history = [int(i) for i in rng.integers(0, 300, 12)]
+    host_rng, device_rng = np.random.default_rng(params.seed), np.random.default_rng(params.seed)
+    host, device = [], []
+    for _ in range(8):
+        logits = (2 * rng.standard_normal(300)).astype(np.float32)
+        host.append(sample_token(logits, params, host_rng, history))
+        device.append(sampling.sample(to_device(logits), params, device_rng, history))
+    assert device == host, f"{params}: device {device}, host {host}"

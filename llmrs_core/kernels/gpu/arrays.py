@@ -35,14 +35,20 @@ def limits() -> tuple[int, int]:
     return SIMULATOR_LIMITS if runtime.simulator_enabled() else GPU_LIMITS
 
 
+_XP: list[ModuleType] = []  # the answer of xp(), found once (the target never changes in a process)
+
+
 def xp() -> ModuleType:
     """The array module of the kernels' arrays: ``cupy`` on a GPU, ``numpy`` in the simulator."""
-    if runtime.simulator_enabled():
-        return np
-    runtime.require_cuda()
-    import cupy
+    if not _XP:
+        if runtime.simulator_enabled():
+            _XP.append(np)
+        else:
+            runtime.require_cuda()
+            import cupy
 
-    return cupy
+            _XP.append(cupy)
+    return _XP[0]
 
 
 def to_device(a: Any, dtype: Any = None) -> Any:

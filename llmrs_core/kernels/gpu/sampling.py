@@ -1,6 +1,8 @@
-"""Greedy sampling on the device: the argmax of each row of logits (chapter 9).
+"""Sampling on the device: greedy as a kernel, and the whole sampling chain in array operations (chapter 9).
 
 A decode step then copies one integer per sequence to the host, not 49,152 logits.
+
+**Greedy** (:func:`greedy`) is a numba.cuda kernel.
 A thread block per row (striding over rows); each thread scans every ``n``-th logit, keeping its best value
 and the lowest index that has it (``numpy.argmax`` returns the first maximum), and the
 block merges the candidates in shared memory in a tree.
@@ -8,10 +10,12 @@ block merges the candidates in shared memory in a tree.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
+from ...sampling import SamplingParams
 from . import runtime
 from .arrays import launch, limits, pow2_at_least, to_host, xp
 
@@ -63,6 +67,51 @@ def greedy(logits: Any) -> np.ndarray:
     return to_host(out)
 
 
+def _softmax(x: Any) -> Any:
+    """``attention.softmax`` in the array module of ``x`` (float64 in, float64 out)."""
+    e = xp().exp(x - x.max())
+    return e / e.sum()
+
+
+def sample(logits: Any, params: SamplingParams, rng: np.random.Generator, history: Sequence[int] = ()) -> int:
+    """``sampling.sample_token`` computed where the logits are: penalties, greedy, temperature,
+    top-k, top-p, min-p, then the draw.
+
+    Each step is the host function's, in the same order, written in ``xp`` operations (CuPy
+    kernels on a GPU: its sort, partition and cumulative sum). The draw is NumPy's
+    ``Generator.choice(n, p=probs)``, spelled out: one ``rng.random()`` on the host, then
+    ``searchsorted`` of the normalised cumulative sum on the device. So the same seed gives
+    the host sampler's tokens, and only the chosen id crosses to the host.
+    """
+    a = xp()
+    x = a.array(a.asarray(logits, dtype=np.float32).reshape(-1), copy=True)
+    if len(history):
+        ids, counts = np.unique(np.asarray(history, dtype=np.int64), return_counts=True)
+        ids_d, counts_d = a.asarray(ids), a.asarray(counts)
+        if params.repetition_penalty != 1.0:
+            picked = x[ids_d]
+            x[ids_d] = a.where(picked > 0, picked / params.repetition_penalty, picked * params.repetition_penalty)
+        x[ids_d] -= params.presence_penalty + params.frequency_penalty * counts_d
+    if params.greedy:
+        return int(greedy(x)[0])
+    x = x / np.float32(params.temperature)
+    if 0 < params.top_k < x.size:
+        threshold = a.partition(x, -params.top_k)[-params.top_k]
+        x = a.where(x >= threshold, x, -np.inf).astype(np.float32)
+    if params.top_p < 1.0:
+        order = a.argsort(-x, kind="stable") if a is np else a.argsort(-x)
+        probs = _softmax(x[order].astype(np.float64))
+        kept = order[(a.cumsum(probs) - probs) < params.top_p]  # the first token always stays
+        out = a.full_like(x, -np.inf)
+        out[kept] = x[kept]
+        x = out
+    if params.min_p > 0:
+        x = a.where(x >= x.max() + np.log(params.min_p), x, -np.inf).astype(np.float32)
+    cdf = a.cumsum(_softmax(x.astype(np.float64)))
+    cdf /= cdf[-1]
+    return int(a.searchsorted(cdf, rng.random(), side="right"))
+
+
 KERNELS = [("argmax_rows", argmax_rows, ["void(float32[:, ::1], int64[::1])"])]
 
-__all__ = ["KERNELS", "greedy"]
+__all__ = ["KERNELS", "greedy", "sample"]
