@@ -11,6 +11,8 @@
 #   make check-env             [OK]/[FAIL] for Python, dependencies, model, GPU
 #   make gpu-check             on a machine with an NVIDIA GPU: chapter 9's GPU check (table + JSON)
 #   make notebooks             re-run the notebooks so their stored outputs are current
+#   make observe               a real Prometheus scrapes llmrs serve; checks it agrees with the responses
+#   make container             build the image (deploy/Dockerfile); make container-test runs and checks it
 #
 # Set-up is idempotent: a stamp file records that .venv matches pyproject.toml,
 # so a second run installs nothing.
@@ -30,7 +32,8 @@ SINGLE_THREAD := OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 
 .DEFAULT_GOAL := help
 .PHONY: help setup lab demo fetch test test-solutions test-gpu gpu-check test-engine test-portable check-stubs nbval lint format \
-        test-chapter test-exercise progress reset check-env notebooks bench bench-tokenizer bench-throughput bench-serve clean
+        test-chapter test-exercise progress reset check-env notebooks bench bench-tokenizer bench-throughput bench-serve clean \
+        observe container container-test
 
 # `make test-chapter 1`: the chapter number arrives as a goal of its own;
 # take it as N and give it an empty rule so make does not try to build it.
@@ -42,7 +45,7 @@ ifeq (test-chapter,$(firstword $(MAKECMDGOALS)))
 endif
 
 help:
-	@sed -n '1,16p' Makefile | sed 's/^# \{0,1\}//'
+	@sed -n '1,18p' Makefile | sed 's/^# \{0,1\}//'
 
 # -- set-up ---------------------------------------------------------------
 
@@ -187,6 +190,28 @@ bench-serve: fetch
 	@mkdir -p build
 	$(VENV)/bin/llmrs bench serve --compare --threads $(or $(THREADS),2) --max-concurrency 1,4,16 \
 	  --output build/bench_serve.json --plot build/bench_serve.png
+
+# -- production (chapter 12): each takes minutes, none is part of `make test` ----------------
+# Missing Debian packages (prometheus, buildah, podman, mmdebstrap) are installed when run as
+# root; anyone else is told what to install (deploy/need.sh).
+
+# llmrs serve on SmolLM2 and a real Prometheus (1 s scrapes), both on 127.0.0.1 and free ports;
+# 8 chat completions; Prometheus's query API must agree with the responses' usage
+observe: fetch
+	@deploy/need.sh prometheus:prometheus
+	@start=$$(date +%s); $(SINGLE_THREAD) $(PY) -m llmrs_core.server.observe; rc=$$?; \
+	echo "make observe: $$(( $$(date +%s) - start )) s"; exit $$rc
+
+# the image, with SmolLM2 baked in (TARGET=runtime: without; BASE=python:3.12-slim where a
+# registry is reachable; IMAGE=name:tag); docker when its daemon answers, else buildah
+container: fetch
+	@IMAGE=$(or $(IMAGE),localhost/llmrs:latest) PY=$(PY) deploy/build.sh
+
+# run the image's entrypoint with buildah (chroot isolation, the host's network) and check /health,
+# a chat completion through the openai client, and a non-root process; the container is always removed
+container-test: setup
+	@deploy/need.sh buildah:buildah
+	@$(PY) deploy/container_test.py $(or $(IMAGE),localhost/llmrs:latest)
 
 # encode speed of our tokenizer against Hugging Face tokenizers (chapter 2)
 bench-tokenizer: fetch
