@@ -10,7 +10,8 @@ Steps, each bounded in time, each recorded even when another fails:
 2. ``smollm2``: SmolLM2 on ``cuda`` against the NumPy backend: logits on a few prompts
    (normalised error <= 1e-3) and 32 greedy tokens equal to the CPU's;
 3. ``bench``: ``llmrs bench speed --backend cuda`` pp512 / tg128 (CUDA graphs: not built yet,
-   reported as such), and batched greedy decode at 1, 16 and 64 sequences;
+   reported as such), and batched greedy decode at 1, 16 and 64 sequences; ``matvec``: GPU time
+   of the float and the int8 (llama.cpp-style) Q4_1 matvec kernels, with CUDA events;
 4. ``transformers``: the anchor, in the same run on the same GPU: Hugging Face transformers
    (torch) on the same GGUF dequantised to float16 (``from_pretrained(..., gguf_file=...)``),
    pp512 and tg128, and our ratios to it.
@@ -132,6 +133,28 @@ def bench(model_path: str, pp: int, tg: int, repetitions: int, batches: tuple[in
     return out
 
 
+def matvec_kernels(model_path: str) -> dict:
+    """GPU time of the float and the int8 (Q8_1 activations) Q4_1 matvec on SmolLM2's ffn_gate, CUDA events."""
+    import cupy
+    from cupyx.profiler import benchmark
+
+    from llmrs_core.formats.gguf import read_gguf
+    from llmrs_core.kernels.gpu import matvec, matvec_int8
+
+    gguf = read_gguf(model_path)
+    name = "blk.0.ffn_gate.weight"
+    raw, ggml_type = gguf.blocks(name)
+    w = matvec.pack(raw, ggml_type, gguf.tensors[name].shape)
+    out = {"status": "ok", "matrix": f"{name} {w.rows}x{w.cols} {ggml_type.name}"}
+    for tokens in (1, 8):
+        x = cupy.random.standard_normal((tokens, w.cols), dtype=cupy.float32)
+        for label, fn in (("float", matvec.matvec), ("int8", matvec_int8.matvec_int8)):
+            gpu_s = float(np.median(benchmark(fn, (x, w), n_repeat=200, n_warmup=10).gpu_times))
+            out[f"{label}_T{tokens}_us"] = gpu_s * 1e6
+            out[f"{label}_T{tokens}_GBps"] = w.nbytes / gpu_s / 1e9
+    return out
+
+
 def transformers_anchor(model_path: str, pp: int, tg: int, repetitions: int) -> dict:
     import torch
     from transformers import AutoModelForCausalLM
@@ -174,6 +197,9 @@ def table(results: dict) -> str:
         if name == "environment":
             continue
         detail = r.get("why") or r.get("error") or r.get("summary") or ""
+        if name == "matvec" and r.get("status") == "ok":
+            detail = (f"T=1 float {r['float_T1_us']:.1f} us ({r['float_T1_GBps']:.0f} GB/s), "
+                      f"int8 {r['int8_T1_us']:.1f} us; T=8 float {r['float_T8_us']:.1f}, int8 {r['int8_T8_us']:.1f} us")
         if name == "smollm2" and r.get("status") in ("ok", "failed"):
             detail = f"max logits error {r['max_logits_error']:.1e} (<= {r['bound']:g}), greedy equal {r['greedy_equal']}"
         lines.append(f"{name:<14}{r.get('status', '?'):<10}{detail[:90]}")
@@ -214,6 +240,7 @@ def main(argv: list[str] | None = None) -> int:
         results["tests"] = skipped(no_gpu + "; make test-gpu runs them in the simulator")
     for name, fn, fn_args in (("smollm2", smollm2, (args.model,)),
                               ("bench", bench, (args.model, pp, tg, reps, batches)),
+                              ("matvec", matvec_kernels, (args.model,)),
                               ("transformers", transformers_anchor, (args.model, pp, tg, reps))):
         if not gpu or not have_model:
             results[name] = skipped(no_gpu if not gpu else no_model)
@@ -246,6 +273,7 @@ def rehearse(output: str) -> int:
                          n_layers=1, n_heads=2, n_kv_heads=1)
         step("smollm2", results, smollm2, path, ["Hi"], 2)
         step("bench", results, bench, path, 4, 2, 1, (1, 2))
+    results["matvec"] = skipped("rehearsal: CUDA events need a GPU")
     results["transformers"] = skipped("rehearsal: torch and a GPU are needed")
     out = Path(output)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -208,3 +208,24 @@ def test_sampling_chain_on_the_device_gives_the_host_samplers_tokens(params):
         host.append(sample_token(logits, params, host_rng, history))
         device.append(sampling.sample(to_device(logits), params, device_rng, history))
     assert device == host, f"{params}: device {device}, host {host}"
+
+
+def test_int8_q4_1_matvec_is_llama_cpps_q8_1_arithmetic():
+    """x quantised to 8 bits exactly as ggml's Q8_0/Q8_1 (codes and scale), then integer dot products."""
+    from llmrs_core.kernels.gpu import matvec_int8
+
+    rng = np.random.default_rng()
+    rows, cols, tokens = 10, 96, 2
+    raw = quantize(rng.standard_normal((rows, cols)).astype(np.float32), GGMLType.Q4_1)
+    x = rng.standard_normal((tokens, cols)).astype(np.float32)
+    xq, xd, xs = (to_host(a) for a in matvec_int8.quantize_activations(to_device(x)))
+    ggml = quantize(x, GGMLType.Q8_0).reshape(tokens, -1, 34)  # the engine's ggml-exact Q8_0 of x
+    np.testing.assert_array_equal(xq.reshape(tokens, -1, 32), ggml[:, :, 2:].view(np.int8), "Q8 codes differ from ggml's")
+    np.testing.assert_array_equal(xd.astype(np.float16), ggml[:, :, :2].copy().view(np.float16)[..., 0])
+    w = matvec.pack(raw, GGMLType.Q4_1, (rows, cols))
+    got = to_host(matvec_int8.matvec_int8(to_device(x), w, poisoned((tokens, rows))))
+    x_8bit = (xq.astype(np.float64).reshape(tokens, -1, 32) * xd[..., None]).reshape(tokens, cols)
+    dense = dequantize(raw, GGMLType.Q4_1, (rows, cols)).astype(np.float64)
+    assert_close(got, x_8bit @ dense.T, float32_tolerance(cols), "int8 matvec against the Q8 activations")
+    # and against float x: no worse than 8-bit rounding of the activations (half a step of 1/127 per value)
+    assert normalised_error(got, x.astype(np.float64) @ dense.T) < 1 / 127

@@ -15,7 +15,7 @@ import time
 
 from . import runtime
 
-MODULES = ("matvec", "elementwise", "attention", "sampling")
+MODULES = ("matvec", "matvec_int8", "elementwise", "attention", "sampling")
 
 
 def kernels() -> list[tuple[str, object, list[str]]]:
