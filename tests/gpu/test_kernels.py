@@ -69,6 +69,8 @@ def test_f32_matvec_and_dense_fallback():
     w = matvec.pack(None, None, dense.shape, dense=dense)
     out = matvec.matvec(to_device(x), w, poisoned((2, 24)))
     assert_close(out, x.astype(np.float64) @ dense.T.astype(np.float64), float32_tolerance(96), "f32 matvec")
+    ids = np.array([5, 0, 23])
+    np.testing.assert_array_equal(to_host(matvec.embed(w, ids, poisoned((3, 96)))), dense[ids])
 
 
 @pytest.mark.parametrize("ggml_type", [GGMLType.Q4_1, GGMLType.Q8_0])
