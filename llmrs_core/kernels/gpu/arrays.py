@@ -15,6 +15,7 @@ each), at most two blocks of 32 threads that each take more of the work.
 
 from __future__ import annotations
 
+import functools
 import sys
 from types import ModuleType
 from typing import Any
@@ -35,20 +36,16 @@ def limits() -> tuple[int, int]:
     return SIMULATOR_LIMITS if runtime.simulator_enabled() else GPU_LIMITS
 
 
-_XP: list[ModuleType] = []  # the answer of xp(), found once (the target never changes in a process)
-
-
+@functools.cache
 def xp() -> ModuleType:
-    """The array module of the kernels' arrays: ``cupy`` on a GPU, ``numpy`` in the simulator."""
-    if not _XP:
-        if runtime.simulator_enabled():
-            _XP.append(np)
-        else:
-            runtime.require_cuda()
-            import cupy
+    """The array module of the kernels' arrays: ``cupy`` on a GPU, ``numpy`` in the simulator
+    (found once: the target of a process never changes)."""
+    if runtime.simulator_enabled():
+        return np
+    runtime.require_cuda()
+    import cupy
 
-            _XP.append(cupy)
-    return _XP[0]
+    return cupy
 
 
 def to_device(a: Any, dtype: Any = None) -> Any:

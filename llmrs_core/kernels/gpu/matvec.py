@@ -223,7 +223,8 @@ def pack(raw: np.ndarray | None, ggml_type: GGMLType | None, shape: tuple[int, i
         codes = blocks[:, 2:].view(np.int8).reshape(rows, -1)
         return DeviceMatrix("q8_0", rows, cols, to_device(codes), to_device(d))
     if dense is None:
-        raise ValueError(f"a {getattr(ggml_type, 'name', 'float')} matrix needs its float32 values to be packed")
+        kind = "float" if ggml_type is None else ggml_type.name
+        raise ValueError(f"a {kind} matrix needs its float32 values to be packed (only Q4_1 and Q8_0 stay in blocks)")
     return DeviceMatrix("f32", rows, cols, to_device(dense, np.float32))
 
 
