@@ -197,11 +197,12 @@ def test_whole_vocabulary_on_every_rank_gives_the_same_logits(tiny):
         assert normalised_error(logits, whole) <= float32_tolerance(llmrs.load(tiny).config)
 
 
-def test_batched_generation_on_the_split_model(tiny):
-    """The continuous-batching engine (paged caches sized by the shard's config) on TP = 2."""
+@pytest.mark.parametrize(("tp", "pp"), [(2, 1), (1, 2)], ids=["tp2", "pp2"])
+def test_batched_generation_on_the_split_model(tiny, tp, pp):
+    """The continuous-batching engine (paged caches sized by the shard's config) on the split model."""
     prompts = [IDS[:4], IDS[3:9], IDS]
     want = [c.token_ids for c in llmrs.load(tiny, backend="numpy").generate(prompts, max_tokens=6)]
-    got = _split(tiny, "numpy", 2, 1, lambda m: [c.token_ids for c in m.generate(prompts, max_tokens=6)])
+    got = _split(tiny, "numpy", tp, pp, lambda m: [c.token_ids for c in m.generate(prompts, max_tokens=6)])
     assert got == [want, want]
 
 
