@@ -86,6 +86,19 @@ class CudaBackend(Backend):
             return self._matvec.pack(stored[0], stored[1], shape)
         return self._matvec.pack(None, None, shape, dense=source.float32(name))
 
+    def load_matrices(self, source: WeightSource, names: list[str]) -> list[DeviceMatrix]:
+        # Q, K and V (gate and up) stacked: one launch for all of them at decode, where the
+        # step is bound by launches (9.5)
+        parts = [self.load_matrix(source, name) for name in names]
+        return self._matvec.stack(parts) or parts
+
+    def matmul_many(self, x: Any, ws: list[DeviceMatrix]) -> list[Any]:
+        whole = ws[0].fused
+        if whole is not None and all(w.fused is whole for w in ws) and sum(w.rows for w in ws) == whole.rows:
+            y = self.matmul(x, whole)
+            return [y[:, w.first_row : w.first_row + w.rows] for w in ws]
+        return [self.matmul(x, w) for w in ws]
+
     def load_vector(self, source: WeightSource, name: str) -> Any:
         return self._arrays.to_device(super().load_vector(source, name))
 

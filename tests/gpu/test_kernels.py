@@ -231,3 +231,19 @@ def test_int8_q4_1_matvec_is_llama_cpps_q8_1_arithmetic():
     assert_close(got, x_8bit @ dense.T, float32_tolerance(cols), "int8 matvec against the Q8 activations")
     # and against float x: no worse than 8-bit rounding of the activations (half a step of 1/127 per value)
     assert normalised_error(got, x.astype(np.float64) @ dense.T) < 1 / 127
+
+
+def test_stacked_matrices_are_their_parts():
+    """Q, K and V stacked into one matrix: one launch, and each part's rows are its own product."""
+    rng = np.random.default_rng()
+    sizes, cols = (8, 4, 4), 64
+    raws = [quantize(rng.standard_normal((r, cols)).astype(np.float32), GGMLType.Q4_1) for r in sizes]
+    parts = matvec.stack([matvec.pack(raw, GGMLType.Q4_1, (r, cols)) for raw, r in zip(raws, sizes)])
+    assert parts is not None and all(p.fused is parts[0].fused for p in parts)
+    x = rng.standard_normal((2, cols)).astype(np.float32)
+    whole = to_host(matvec.matvec(to_device(x), parts[0].fused, poisoned((2, sum(sizes)))))
+    for part, raw, r in zip(parts, raws, sizes):
+        want = x.astype(np.float64) @ dequantize(raw, GGMLType.Q4_1, (r, cols)).T.astype(np.float64)
+        assert_close(whole[:, part.first_row : part.first_row + r], want, float32_tolerance(cols), "stacked rows")
+        assert_close(matvec.matvec(to_device(x), part, poisoned((2, r))), want, float32_tolerance(cols), "a part alone")
+    assert matvec.stack([parts[0], matvec.pack(None, None, (4, 32), dense=np.ones((4, 32), np.float32))]) is None

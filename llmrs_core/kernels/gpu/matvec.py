@@ -197,10 +197,36 @@ class DeviceMatrix:
     qs: Any
     d: Any = None
     m: Any = None
+    #: the stacked matrix this one is rows ``first_row ..`` of (:func:`stack`), or None
+    fused: DeviceMatrix | None = None
+    first_row: int = 0
 
     @property
     def nbytes(self) -> int:
         return sum(int(a.nbytes) for a in (self.qs, self.d, self.m) if a is not None)
+
+
+def stack(parts: list[DeviceMatrix]) -> list[DeviceMatrix] | None:
+    """Matrices that multiply the same input (Q, K, V; gate, up) as row ranges of one stacked
+    matrix, so that one launch computes them all; None when their kinds or widths differ.
+
+    Each returned part is a view of its rows of the stack (row slices of C-contiguous arrays
+    stay C-contiguous, as the kernels need) and remembers it in ``fused``.
+    """
+    if len({p.kind for p in parts}) != 1 or len({p.cols for p in parts}) != 1:
+        return None
+    a, head = xp(), parts[0]
+    d = a.concatenate([p.d for p in parts]) if head.d is not None else None
+    m = a.concatenate([p.m for p in parts]) if head.m is not None else None
+    whole = DeviceMatrix(head.kind, sum(p.rows for p in parts), head.cols, a.concatenate([p.qs for p in parts]), d, m)
+    views, first = [], 0
+    for p in parts:
+        rows = slice(first, first + p.rows)
+        views.append(DeviceMatrix(p.kind, p.rows, p.cols, whole.qs[rows],
+                                  None if whole.d is None else whole.d[rows],
+                                  None if whole.m is None else whole.m[rows], fused=whole, first_row=first))
+        first += p.rows
+    return views
 
 
 def pack(raw: np.ndarray | None, ggml_type: GGMLType | None, shape: tuple[int, int],
@@ -302,4 +328,4 @@ KERNELS = [
     ("q8_0_embed", q8_0_embed, ["void(int8[:, ::1], float32[:, ::1], int64[::1], float32[:, ::1])"]),
 ]
 
-__all__ = ["DeviceMatrix", "KERNELS", "dequantize_into", "embed", "geometry", "matvec", "pack"]
+__all__ = ["DeviceMatrix", "KERNELS", "dequantize_into", "embed", "geometry", "matvec", "pack", "stack"]
