@@ -19,6 +19,7 @@ line adds ``"prompt"`` and ``"output"`` (off by default: prompts are user data).
 from __future__ import annotations
 
 import json
+import sys
 import threading
 import time
 from collections.abc import Mapping
@@ -105,8 +106,12 @@ class RequestObserver:
         if self.log_prompts:
             line["prompt"] = ctx.prompt
             line["output"] = engine.completion(out.request_id).text
-        self.log.write(json.dumps(line, ensure_ascii=False, default=str) + "\n")
-        self.log.flush()
+        try:
+            self.log.write(json.dumps(line, ensure_ascii=False, default=str) + "\n")
+            self.log.flush()
+        except (OSError, ValueError) as e:  # a closed or broken log stream must not stop the engine loop
+            self.log = None
+            print(f"llmrs: request log disabled, writing it failed: {type(e).__name__}: {e}", file=sys.stderr)
 
 
 def _rounded(seconds: float | None) -> float | None:

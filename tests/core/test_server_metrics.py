@@ -293,3 +293,14 @@ def test_otlp_export_is_configured_by_the_standard_variable(monkeypatch):
         provider = otlp_provider_from_env()
         assert isinstance(provider, sdk_trace.TracerProvider)
         provider.shutdown()
+
+
+def test_a_broken_log_stream_does_not_stop_the_server(tiny):
+    log = io.StringIO()
+    app = create_app(tiny, served_model_name="tiny", warm_up=False, request_log=log)
+    log.close()  # writing to it raises ValueError
+    with BackgroundServer(app) as url:
+        client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=WAIT)
+        for _ in range(2):
+            assert client.completions.create(model="tiny", prompt="still here", max_tokens=3).usage.completion_tokens
+        assert httpx.get(url + "/health", timeout=WAIT).status_code == 200
