@@ -11,7 +11,8 @@ Steps, each bounded in time, each recorded even when another fails:
    (normalised error <= 1e-3) and 32 greedy tokens equal to the CPU's;
 3. ``bench``: ``llmrs bench speed --backend cuda`` pp512 / tg128 (CUDA graphs: not built yet,
    reported as such), and batched greedy decode at 1, 16 and 64 sequences; ``matvec``: GPU time
-   of the float and the int8 (llama.cpp-style) Q4_1 matvec kernels, with CUDA events;
+   of the float and the int8 (llama.cpp-style) Q4_1 matvec kernels, with CUDA events; ``graphs``:
+   a decode token's matvec launches eager against one captured CUDA graph replayed;
 4. ``transformers``: the anchor, in the same run on the same GPU: Hugging Face transformers
    (torch) on the same GGUF dequantised to float16 (``from_pretrained(..., gguf_file=...)``),
    pp512 and tg128, and our ratios to it.
@@ -155,6 +156,58 @@ def matvec_kernels(model_path: str) -> dict:
     return out
 
 
+def graph_replay(model_path: str, steps: int = 50) -> dict:
+    """What CUDA graphs would save: one layer's decode matvecs (stacked Q/K/V, O, gate/up, down)
+    times 30, launched eagerly, then captured once on a CuPy stream and replayed. An experiment,
+    not the backend (whose decode step still has host work between kernels)."""
+    import cupy
+
+    from llmrs_core.formats.gguf import read_gguf
+    from llmrs_core.kernels.gpu import matvec
+
+    gguf = read_gguf(model_path)
+
+    def packed(name):
+        raw, t = gguf.blocks(name)
+        return matvec.pack(raw, t, gguf.tensors[name].shape)
+
+    qkv = matvec.stack([packed(f"blk.0.attn_{n}.weight") for n in "qkv"])[0].fused
+    gate_up = matvec.stack([packed("blk.0.ffn_gate.weight"), packed("blk.0.ffn_up.weight")])[0].fused
+    layer = [qkv, packed("blk.0.attn_output.weight"), gate_up, packed("blk.0.ffn_down.weight")]
+    ins = [cupy.random.standard_normal((1, w.cols), dtype=cupy.float32) for w in layer]
+    outs = [cupy.empty((1, w.rows), cupy.float32) for w in layer]
+
+    def one_token():
+        for _ in range(30):
+            for w, x, o in zip(layer, ins, outs):
+                matvec.matvec(x, w, o)
+
+    stream = cupy.cuda.Stream(non_blocking=True)
+    with stream:
+        one_token()  # compiled and loaded before capture
+        stream.synchronize()
+        start, stop = cupy.cuda.Event(), cupy.cuda.Event()
+        start.record(stream)
+        for _ in range(steps):
+            one_token()
+        stop.record(stream)
+        stop.synchronize()
+        eager_s = cupy.cuda.get_elapsed_time(start, stop) / 1e3 / steps
+        stream.begin_capture()
+        one_token()
+        graph = stream.end_capture()
+        graph.launch(stream)
+        stream.synchronize()
+        start.record(stream)
+        for _ in range(steps):
+            graph.launch(stream)
+        stop.record(stream)
+        stop.synchronize()
+        graph_s = cupy.cuda.get_elapsed_time(start, stop) / 1e3 / steps
+    return {"status": "ok", "launches_per_token": 30 * len(layer), "eager_ms_per_token": eager_s * 1e3,
+            "graph_ms_per_token": graph_s * 1e3, "speedup": eager_s / graph_s}
+
+
 def transformers_anchor(model_path: str, pp: int, tg: int, repetitions: int) -> dict:
     import torch
     from transformers import AutoModelForCausalLM
@@ -200,6 +253,9 @@ def table(results: dict) -> str:
         if name == "matvec" and r.get("status") == "ok":
             detail = (f"T=1 float {r['float_T1_us']:.1f} us ({r['float_T1_GBps']:.0f} GB/s), "
                       f"int8 {r['int8_T1_us']:.1f} us; T=8 float {r['float_T8_us']:.1f}, int8 {r['int8_T8_us']:.1f} us")
+        if name == "graphs" and r.get("status") == "ok":
+            detail = (f"{r['launches_per_token']} matvec launches/token: eager {r['eager_ms_per_token']:.2f} ms, "
+                      f"graph replay {r['graph_ms_per_token']:.2f} ms ({r['speedup']:.1f}x)")
         if name == "smollm2" and r.get("status") in ("ok", "failed"):
             detail = f"max logits error {r['max_logits_error']:.1e} (<= {r['bound']:g}), greedy equal {r['greedy_equal']}"
         lines.append(f"{name:<14}{r.get('status', '?'):<10}{detail[:90]}")
@@ -241,6 +297,7 @@ def main(argv: list[str] | None = None) -> int:
     for name, fn, fn_args in (("smollm2", smollm2, (args.model,)),
                               ("bench", bench, (args.model, pp, tg, reps, batches)),
                               ("matvec", matvec_kernels, (args.model,)),
+                              ("graphs", graph_replay, (args.model,)),
                               ("transformers", transformers_anchor, (args.model, pp, tg, reps))):
         if not gpu or not have_model:
             results[name] = skipped(no_gpu if not gpu else no_model)
@@ -274,6 +331,7 @@ def rehearse(output: str) -> int:
         step("smollm2", results, smollm2, path, ["Hi"], 2)
         step("bench", results, bench, path, 4, 2, 1, (1, 2))
     results["matvec"] = skipped("rehearsal: CUDA events need a GPU")
+    results["graphs"] = skipped("rehearsal: CUDA graphs need a GPU")
     results["transformers"] = skipped("rehearsal: torch and a GPU are needed")
     out = Path(output)
     out.parent.mkdir(parents=True, exist_ok=True)
