@@ -68,7 +68,7 @@ def step(name: str, results: dict, fn, *args) -> None:
 def environment() -> dict:
     info = {"status": "ok", "python": sys.version.split()[0], "numpy": np.__version__,
             "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "gpus": runtime.driver_gpu_count()}
-    for module in ("numba", "cupy", "torch", "transformers", "gguf"):
+    for module in ("numba", "cupy", "torch", "transformers", "gguf", "pytest"):
         try:
             info[module] = __import__(module).__version__
         except Exception as e:  # missing, or broken without a driver

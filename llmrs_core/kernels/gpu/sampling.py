@@ -96,7 +96,8 @@ def sample(logits: Any, params: SamplingParams, rng: np.random.Generator, histor
         return int(greedy(x)[0])
     x = x / np.float32(params.temperature)
     if 0 < params.top_k < x.size:
-        threshold = a.partition(x, -params.top_k)[-params.top_k]
+        at = x.size - params.top_k  # numpy.partition(x, -k)[-k], with a kth CuPy accepts too
+        threshold = a.partition(x, at)[at]
         x = a.where(x >= threshold, x, -np.inf).astype(np.float32)
     if params.top_p < 1.0:
         order = a.argsort(-x, kind="stable") if a is np else a.argsort(-x)
@@ -109,7 +110,7 @@ def sample(logits: Any, params: SamplingParams, rng: np.random.Generator, histor
         x = a.where(x >= x.max() + np.log(params.min_p), x, -np.inf).astype(np.float32)
     cdf = a.cumsum(_softmax(x.astype(np.float64)))
     cdf /= cdf[-1]
-    return int(a.searchsorted(cdf, rng.random(), side="right"))
+    return int(a.searchsorted(cdf, a.asarray([rng.random()]), side="right")[0])
 
 
 KERNELS = [("argmax_rows", argmax_rows, ["void(float32[:, ::1], int64[::1])"])]
