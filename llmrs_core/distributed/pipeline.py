@@ -17,31 +17,16 @@ from typing import Any
 import numpy as np
 
 from .communicator import Communicator
-from .plan import Head, StepPlan
+from .plan import Head, PipelineParallel
 
 
-class PipelineStage(StepPlan):
-    """Stage ``comm.rank`` of ``comm.world_size`` in a micro-batched pipeline."""
+class PipelineStage(PipelineParallel):
+    """Stage ``comm.rank`` of ``comm.world_size`` in a micro-batched pipeline: the stages, the
+    activations sent on and the embedding are :class:`~.plan.PipelineParallel`'s; only the logits
+    differ (kept on the last stage, not broadcast)."""
 
     def __init__(self, comm: Communicator, hidden_size: int):
-        self.comm, self.hidden_size = comm, hidden_size
-        self.stage, self.n_stages = comm.rank, comm.world_size
-
-    @property
-    def first(self) -> bool:
-        return self.stage == 0
-
-    @property
-    def last(self) -> bool:
-        return self.stage == self.n_stages - 1
-
-    def embed(self, backend: Any, table: Any, ids: np.ndarray) -> np.ndarray:
-        if self.first:
-            return backend.embed(table, ids)
-        return self.comm.recv(np.empty((ids.size, self.hidden_size), np.float32), self.stage - 1)
-
-    def reduce(self, x: np.ndarray) -> np.ndarray:
-        return x
+        super().__init__(comm, hidden_size, vocab_size=0)  # no stage but the last has logits here
 
     def logits(self, x: np.ndarray, rows: np.ndarray | None, head: Head) -> np.ndarray:
         n = x.shape[0] if rows is None else len(rows)
