@@ -18,6 +18,8 @@ import os
 import sys
 from types import ModuleType
 
+import numpy as np
+
 SIMULATOR_ENV = "NUMBA_ENABLE_CUDASIM"
 INSTALL_HINT = "pip install -e '.[gpu]'"
 
@@ -70,7 +72,47 @@ def cuda() -> ModuleType:
         from numba import cuda as numba_cuda
     except ImportError as e:
         raise CudaUnavailableError(f"numba-cuda is not installed ({e}); {INSTALL_HINT}") from e
+    if _numba_module().config.ENABLE_CUDASIM == 1:
+        _guard_simulated_shared_memory()
     return numba_cuda
+
+
+def _guard_simulated_shared_memory() -> None:
+    """Give the simulator's ``cuda.shared.array`` the lock it lacks (numba-cuda 0.30).
+
+    The simulator makes a block's shared array when the first of its threads reaches the
+    ``cuda.shared.array`` line, keyed by file and line, with a look-up and a store that are
+    not atomic: two threads that get there together each make an array of their own, and the
+    block's threads then sum into different memories (seen here as rare, large errors of the
+    reductions). This replacement does the same look-up under a lock. Compiled kernels are
+    untouched: on a GPU a shared array is one allocation per block.
+    """
+    import threading
+
+    from numba.cuda.np import numpy_support
+    from numba.cuda.simulator import kernelapi
+
+    shared = kernelapi.FakeCUDAShared
+    if shared.__dict__.get("_llmrs_guarded"):
+        return
+    dynamic = shared.array
+    lock = threading.Lock()
+
+    def array(self, shape, dtype, alignment=None):
+        if shape == 0 or alignment is not None:  # dynamic shared memory (no race), or the error
+            return dynamic(self, shape, dtype, alignment)
+        if isinstance(dtype, kernelapi.types.Type):
+            dtype = numpy_support.as_dtype(dtype)
+        caller = sys._getframe(1)  # the kernel's line, as the original identifies an allocation
+        key = (caller.f_code.co_filename, caller.f_lineno)
+        with lock:
+            found = self._allocations.get(key)
+            if found is None:
+                found = self._allocations[key] = np.empty(shape, dtype)
+        return found
+
+    shared.array = array
+    shared._llmrs_guarded = True
 
 
 def driver_gpu_count() -> int:
