@@ -6,7 +6,9 @@
 Steps, each bounded in time, each recorded even when another fails:
 
 1. ``tests``: ``pytest tests/gpu`` on the GPU (no simulator): every kernel against its
-   NumPy reference, the cuda backend end to end, and the sm_90 compile check;
+   NumPy reference, the cuda backend end to end, and the sm_90 compile check; then the
+   memory pool (9.4) installed in CuPy on two streams, and the fusion pass's kernels (9.6)
+   against eager CuPy, their own checks;
 2. ``smollm2``: SmolLM2 on ``cuda`` against the NumPy backend: logits on a few prompts
    (normalised error <= 1e-3) and 32 greedy tokens equal to the CPU's;
 3. ``bench``: ``llmrs bench speed --backend cuda`` pp512 / tg128 (CUDA graphs: not built yet,
@@ -208,6 +210,21 @@ def graph_replay(model_path: str, steps: int = 50) -> dict:
             "graph_ms_per_token": graph_s * 1e3, "speedup": eager_s / graph_s}
 
 
+def memory_pool() -> dict:
+    """The caching allocator of 9.4 installed in CuPy, on two streams, values checked (memory_pool_cupy)."""
+    from llmrs_core.kernels.gpu.memory_pool_cupy import check_on_gpu
+
+    return {"status": "ok", "stats": check_on_gpu()}
+
+
+def fusion_kernels() -> dict:
+    """9.6's generated kernels against eager CuPy at SmolLM2's sizes: errors and device times (fusion_check)."""
+    from llmrs_core.kernels.gpu.fusion_check import check_on_gpu
+
+    rows = check_on_gpu()
+    return {"status": "ok" if all(r["ok"] for r in rows) else "failed", "rows": rows}
+
+
 def transformers_anchor(model_path: str, pp: int, tg: int, repetitions: int) -> dict:
     import torch
     from transformers import AutoModelForCausalLM
@@ -253,6 +270,11 @@ def table(results: dict) -> str:
         if name == "matvec" and r.get("status") == "ok":
             detail = (f"T=1 float {r['float_T1_us']:.1f} us ({r['float_T1_GBps']:.0f} GB/s), "
                       f"int8 {r['int8_T1_us']:.1f} us; T=8 float {r['float_T8_us']:.1f}, int8 {r['int8_T8_us']:.1f} us")
+        if name == "fusion" and r.get("status") in ("ok", "failed"):
+            detail = "; ".join(f"{x['block']} T={x['T']}: eager {x['eager_us']:.0f} us, numba {x['numba_kernel_us']:.0f} us"
+                               for x in r["rows"])
+        if name == "memory_pool" and r.get("status") == "ok":
+            detail = ", ".join(f"{k} {v}" for k, v in list(r["stats"].items())[:4])
         if name == "graphs" and r.get("status") == "ok":
             detail = (f"{r['launches_per_token']} matvec launches/token: eager {r['eager_ms_per_token']:.2f} ms, "
                       f"graph replay {r['graph_ms_per_token']:.2f} ms ({r['speedup']:.1f}x)")
@@ -288,19 +310,22 @@ def main(argv: list[str] | None = None) -> int:
     step("environment", results, environment)
     gpu = results["environment"].get("gpus", 0) > 0 and not runtime.simulator_enabled()
     have_model = Path(args.model).is_file()
-    no_gpu = "no NVIDIA GPU here (the simulator is far too slow for SmolLM2)"
+    no_gpu = "no NVIDIA GPU here"
     no_model = f"no model file at {args.model} (there is no network: bring it, or give --model)"
     if gpu:
         step("tests", results, gpu_tests, args.test_timeout)
+        step("memory_pool", results, memory_pool)
+        step("fusion", results, fusion_kernels)
     else:
-        results["tests"] = skipped(no_gpu + "; make test-gpu runs them in the simulator")
+        results["tests"] = skipped(no_gpu + ": make test-gpu runs them in the simulator")
+        results["memory_pool"] = results["fusion"] = skipped(no_gpu)
     for name, fn, fn_args in (("smollm2", smollm2, (args.model,)),
                               ("bench", bench, (args.model, pp, tg, reps, batches)),
                               ("matvec", matvec_kernels, (args.model,)),
                               ("graphs", graph_replay, (args.model,)),
                               ("transformers", transformers_anchor, (args.model, pp, tg, reps))):
         if not gpu or not have_model:
-            results[name] = skipped(no_gpu if not gpu else no_model)
+            results[name] = skipped(no_gpu + " (the simulator is far too slow for SmolLM2)" if not gpu else no_model)
         else:
             step(name, results, fn, *fn_args)
 
@@ -324,6 +349,7 @@ def rehearse(output: str) -> int:
     results: dict = {}
     step("environment", results, environment)
     results["tests"] = skipped("rehearsal: make test-gpu runs them in the simulator")
+    results["memory_pool"] = results["fusion"] = skipped("rehearsal: they need a GPU")
     with tempfile.TemporaryDirectory() as tmp:
         path = str(Path(tmp) / "tiny.gguf")
         write_tiny_llama(path, weight_type="q4_1", byte_tokenizer=True, hidden_size=32, intermediate_size=64,
