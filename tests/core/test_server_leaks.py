@@ -42,16 +42,21 @@ def rss_bytes() -> int:
 TRACKED = (ResponseStream, Request, OutputStream)
 
 
-def live_objects() -> weakref.WeakSet:
-    """Every tracked object alive now (other tests' servers and engines may still hold theirs)."""
+def tracked() -> list:
+    """Every tracked object alive now. ``type(o)``, not ``isinstance``: the heap holds weak proxies
+    too, and asking a dead proxy for its class raises ``ReferenceError``."""
     gc.collect()
-    return weakref.WeakSet(o for o in gc.get_objects() if isinstance(o, TRACKED))
+    return [o for o in gc.get_objects() if type(o) in TRACKED]
+
+
+def live_objects() -> weakref.WeakSet:
+    """The tracked objects alive now (other tests' servers and engines may still hold theirs)."""
+    return weakref.WeakSet(tracked())
 
 
 def new_since(before: weakref.WeakSet) -> list[str]:
     """The tracked objects alive now that were not alive at ``before``: what this test left behind."""
-    gc.collect()
-    return [type(o).__name__ for o in gc.get_objects() if isinstance(o, TRACKED) and o not in before]
+    return [type(o).__name__ for o in tracked() if o not in before]
 
 
 async def load(url: str, ids: range) -> tuple[int, int]:
