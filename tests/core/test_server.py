@@ -205,7 +205,7 @@ def test_streamed_chat_logprobs_pair_with_the_tokens(server, tiny):
     messages = [{"role": "user", "content": "hi"}]
     chunks = list(server.client.chat.completions.create(
         model="tiny", messages=messages, max_tokens=6, temperature=0.8, seed=3, logprobs=True, top_logprobs=2,
-        stream=True))
+        stream=True, extra_body={"ignore_eos": True}))  # six tokens, whatever is sampled
     entries = [e for c in chunks if c.choices and c.choices[0].logprobs for e in c.choices[0].logprobs.content]
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert len(entries) == 6 and bytes(b for e in entries for b in e.bytes).decode(errors="replace") == text
@@ -213,7 +213,8 @@ def test_streamed_chat_logprobs_pair_with_the_tokens(server, tiny):
         assert e.logprob <= 0 and len(e.top_logprobs) == 2
         assert e.top_logprobs[0].logprob >= e.top_logprobs[1].logprob
         assert e.logprob <= e.top_logprobs[0].logprob, "nothing is more likely than the most likely"
-    plain = server.client.chat.completions.create(model="tiny", messages=messages, max_tokens=6, logprobs=True)
+    plain = server.client.chat.completions.create(model="tiny", messages=messages, max_tokens=6, logprobs=True,
+                                                  extra_body={"ignore_eos": True})
     assert len(plain.choices[0].logprobs.content) == 6
     assert all(e.top_logprobs == [] for e in plain.choices[0].logprobs.content)
     without = server.client.chat.completions.create(model="tiny", messages=messages, max_tokens=2)

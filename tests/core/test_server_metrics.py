@@ -302,5 +302,7 @@ def test_a_broken_log_stream_does_not_stop_the_server(tiny):
     with BackgroundServer(app) as url:
         client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=WAIT)
         for _ in range(2):
-            assert client.completions.create(model="tiny", prompt="still here", max_tokens=3).usage.completion_tokens
+            r = client.completions.create(model="tiny", prompt="still here", max_tokens=3, temperature=0,
+                                          extra_body={"ignore_eos": True})  # sampled, a first EOS would give 0
+            assert r.usage.completion_tokens == 3 and r.choices[0].finish_reason == "length"
         assert httpx.get(url + "/health", timeout=WAIT).status_code == 200
