@@ -104,9 +104,16 @@ check-env:
 
 # -- the whole suite (CI runs this through .ci/run) ------------------------
 
+# Every step but lint is single-process and mostly single-threaded, so two at a time keep two cores
+# busy: nbval (the longest) in one lane, the test runs in the other. Each step's output is printed
+# whole when it ends (--output-sync), so failures read as they would run one by one. TEST_JOBS=1
+# runs them in sequence, printing as they go.
+TEST_JOBS ?= 2
 test: fetch
 	@start=$$(date +%s); \
-	$(MAKE) --no-print-directory lint test-solutions test-gpu check-stubs nbval test-portable && \
+	$(MAKE) --no-print-directory lint && \
+	$(MAKE) --no-print-directory -j$(TEST_JOBS) $(if $(filter-out 1,$(TEST_JOBS)),--output-sync=target) \
+	  nbval test-solutions test-gpu check-stubs test-portable && \
 	echo "make test: all passed in $$(( $$(date +%s) - start )) s"
 
 lint: setup
