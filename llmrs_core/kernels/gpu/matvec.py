@@ -61,8 +61,11 @@ def q4_1_matvec(qs, d, m, x, out):  # pragma: no cover - a kernel
                     acc += d[row, b] * dot + m[row, b] * total
             partial[slot] = acc
             cuda.syncthreads()
-            stride = lanes // 2  # tree-sum this row's lanes (written out in each kernel: a device
-            while stride > 0:  # function would need a GPU to compile, and compile_check has none)
+            # tree-sum this row's lanes, written out in each kernel: a device function (cuda.jit(device=True)
+            # or register_jitable) would need a GPU to compile, since numba-cuda 0.30 asks the current
+            # device for its compute capability when it compiles one, and compile_check has no device
+            stride = lanes // 2
+            while stride > 0:
                 if lane < stride:
                     partial[slot] += partial[slot + stride]
                 cuda.syncthreads()
