@@ -19,7 +19,7 @@ from .model import LlamaModel
 from .output import OutputStream
 from .sampling import Sampler, SamplingParams
 from .tokenizer import Tokenizer
-from .validation import check_fits_context, check_token_ids, normalise_stop
+from .validation import check_fits_context, check_token_ids, normalise_stop, stop_token_set
 
 
 @dataclass
@@ -76,10 +76,7 @@ def generate_ids(
     prompt_ids = check_token_ids(prompt_ids, model.config.vocab_size)
     check_fits_context(len(prompt_ids), max_tokens, model.config.context_length)
     choose = sampler or Sampler(sampling)
-    eos = set(stop_token_ids)
-    if tokenizer is not None and tokenizer.eos_token_id is not None:
-        eos.add(tokenizer.eos_token_id)
-    stream = OutputStream(tokenizer, max_tokens, normalise_stop(stop), eos)
+    stream = OutputStream(tokenizer, max_tokens, normalise_stop(stop), stop_token_set(tokenizer, stop_token_ids))
     cache = model.new_cache(len(prompt_ids) + max_tokens)
     history = list(prompt_ids)
     start = time.perf_counter()

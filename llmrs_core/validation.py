@@ -75,6 +75,22 @@ def normalise_stop(stop: Any) -> tuple[str, ...]:
     return tuple(s for s in stop if s)
 
 
+def stop_token_set(tokenizer: Tokenizer | None, stop_token_ids: Sequence[int] | None,
+                   ignore_eos: bool = False) -> set[int]:
+    """The token ids that end a generation: ``stop_token_ids`` (``None``: the tokenizer's
+    end-of-turn tokens, ``Tokenizer.stop_token_ids``) plus the tokenizer's EOS; none at all
+    with ``ignore_eos``. ``tokenizer`` may be ``None`` (a model without one)."""
+    if ignore_eos:
+        return set()
+    if stop_token_ids is not None:
+        ids = set(stop_token_ids)
+    else:
+        ids = set(tokenizer.stop_token_ids) if tokenizer is not None else set()
+    if tokenizer is not None and tokenizer.eos_token_id is not None:
+        ids.add(tokenizer.eos_token_id)
+    return ids
+
+
 def check_token_ids(ids: Any, vocab_size: int, what: str = "prompt") -> list[int]:
     """A non-empty sequence of integer token ids, each in ``0 .. vocab_size - 1``."""
     if isinstance(ids, (str, bytes, bytearray)) or not isinstance(ids, (Sequence, np.ndarray)):

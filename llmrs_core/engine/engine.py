@@ -28,7 +28,7 @@ from ..logprobs import TokenLogprob, check_top_logprobs, token_logprob
 from ..output import OutputStream
 from ..sampling import SamplingParams
 from ..tokenizer import Tokenizer
-from ..validation import check_max_tokens, normalise_stop, prompt_ids
+from ..validation import check_max_tokens, normalise_stop, prompt_ids, stop_token_set
 from .radix_cache import RadixCache
 from .scheduler import Request, RequestRejected, RequestStatus, Scheduler
 
@@ -206,15 +206,7 @@ class Engine:
         if rid in self.requests and not self.requests[rid].finished:
             raise ValueError(f"a request with id {rid!r} is already in flight")
         request = Request(rid, ids, max_tokens, priority)
-        tok = self.tokenizer
-        if ignore_eos:
-            stop_ids: set[int] = set()
-        elif stop_token_ids is not None:
-            stop_ids = set(stop_token_ids)
-        else:
-            stop_ids = set(tok.stop_token_ids) if tok is not None else set()
-        if tok is not None and tok.eos_token_id is not None and not ignore_eos:
-            stop_ids.add(tok.eos_token_id)
+        stop_ids = stop_token_set(self.tokenizer, stop_token_ids, ignore_eos)
         state = _RequestState(
             sampler=self.make_sampler(sampling),
             stream=OutputStream(self.tokenizer, max_tokens, stop, stop_ids),
