@@ -13,6 +13,7 @@
     llmrs serve [MODEL] [--host 127.0.0.1] [--port 8000]   chapter 11 (the `serve` extra)
     llmrs bench serve [--base-url URL | --compare] [--max-concurrency 1,4,16 | --request-rate R]
                                                       chapter 11: load on a server, vLLM's method
+    llmrs cost BENCH.json... [--instance NAME] [--utilisation 0.6]  chapter 12: $ per million tokens
 """
 
 from __future__ import annotations
@@ -436,6 +437,16 @@ def _add_sampling_options(p: argparse.ArgumentParser, max_tokens: int) -> None:
     p.add_argument("--stop", action="append", metavar="TEXT", help="stop before this text (repeatable)")
 
 
+def cmd_cost(args: argparse.Namespace) -> int:
+    from .cost import cost_json, cost_rows, find_price, format_cost, load_prices, read_throughputs
+
+    price = find_price(load_prices(args.prices) if args.prices else load_prices(), args.instance)
+    throughputs = [t for path in args.results for t in read_throughputs(path)]
+    rows = cost_rows(throughputs, price, args.utilisation)
+    print(json.dumps(cost_json(rows, price), indent=2) if args.json else format_cost(rows, price))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="llmrs", description="llm-rs in Python: a from-scratch LLM inference engine."
@@ -534,6 +545,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--goodput", metavar="SLOS", help="serve: SLOs in ms for goodput, e.g. ttft:500,tpot:50")
     p.add_argument("--plot", metavar="FILE", help="serve: a PNG of TTFT and throughput against the load")
     p.set_defaults(func=cmd_bench)
+
+    p = sub.add_parser("cost", help="dollars per million tokens from benchmark JSON and an instance price (chapter 12)")
+    p.add_argument("results", nargs="+", metavar="BENCH_JSON",
+                   help="output of llmrs bench speed --json, bench throughput --json or bench serve --output")
+    p.add_argument("--instance", default="aws-c7a.large",
+                   help="an instance of the price table (default aws-c7a.large)")
+    p.add_argument("--utilisation", type=float, default=0.6,
+                   help="fraction of the paid hours spent serving at the measured rate, in (0, 1] (default 0.6)")
+    p.add_argument("--prices", metavar="TOML", help="your own price table (default: llmrs_core/data/prices.toml)")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(func=cmd_cost)
 
     p = sub.add_parser("serve", help="an OpenAI-compatible streaming server (chapter 11; the serve extra)")
     p.add_argument("model", nargs="?", help=f"a GGUF file (default: {default_model_path()})")
