@@ -29,6 +29,7 @@ from ..output import OutputStream
 from ..sampling import SamplingParams
 from ..tokenizer import Tokenizer
 from ..validation import check_max_tokens, normalise_stop, prompt_ids, stop_token_set
+from .checks import checked_schedule
 from .radix_cache import RadixCache
 from .scheduler import Request, RequestRejected, RequestStatus, Scheduler
 
@@ -236,7 +237,7 @@ class Engine:
         fails alone: it finishes with reason ``"error"`` and the message (with its
         id) in its output, its blocks are freed, and the other requests go on.
         """
-        chunks = self.scheduler.schedule()
+        chunks = checked_schedule(self.scheduler, self.scheduler.schedule(), self.requests, self.cache)
         if not chunks:
             return []
         self.steps += 1
