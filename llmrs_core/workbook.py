@@ -285,11 +285,20 @@ def parse_exercise(exercise: str) -> tuple[int, str]:
     return int(chapter), f"{int(chapter)}.{int(part)}"
 
 
+#: the first line of a ``run_tests`` report on the solutions: the notebooks' stored outputs come
+#: from such runs (CI runs them with ``LLMRS_IMPL=solutions``), and must not read as the learner's
+REFERENCE_RUN = (
+    "Reference run (LLMRS_IMPL=solutions): the reference solutions' results, not yours. "
+    "On your exercises.py this cell shows what is not implemented yet, or what fails."
+)
+
+
 def run_tests(exercise: str, impl: str | None = None, verbose: bool = False) -> bool:
     """Run one exercise's tests (e.g. ``"1.6"``) in a subprocess and print a short report.
 
     Returns True when every test passed. Used from notebook cells; the same
-    as ``make test-exercise E=1.6``.
+    as ``make test-exercise E=1.6``. On the solutions the report's first line
+    is ``REFERENCE_RUN``, so that a stored output is not taken for the learner's.
     """
     impl = impl or current_impl()
     chapter, exercise = parse_exercise(exercise)
@@ -305,6 +314,8 @@ def run_tests(exercise: str, impl: str | None = None, verbose: bool = False) -> 
     # pytest's own count ("10 passed, 7 deselected in 1.78s"); the workbook's next-step line follows it
     stats = [line for line in out if re.search(r"\b(passed|failed|error|not implemented)\b.* in [\d.]+s", line)]
     summary = stats[-1] if stats else (out[-1] if out else proc.stderr.strip())
+    if impl == "solutions":
+        print(REFERENCE_RUN)
     print(f"Exercise {exercise} ({impl}): ", end="")
     if proc.returncode == 0:
         print(f"all tests pass — {summary.strip('= ')}")
