@@ -6,7 +6,8 @@
 1. ``buildah from`` the image, then ``buildah run --isolation chroot`` its ENTRYPOINT + CMD,
    as the image's USER, with ``--host 127.0.0.1 --port P`` appended (a free port: chroot
    isolation shares the host's network, so the server is reachable on 127.0.0.1);
-2. from the host: ``GET /health`` turns 200 (within ``--start-timeout`` seconds),
+2. from the host: ``GET /ready`` turns 200 (within ``--start-timeout`` seconds) and the
+   liveness probe ``GET /health`` (the image's HEALTHCHECK) is 200,
    one chat completion through the ``openai`` client answers with text and usage, and
    the process listening on P runs as the image's non-root user (its uid in ``/proc``);
 3. always: stop the server (SIGTERM, then a kill) and ``buildah rm`` the container.
@@ -99,15 +100,19 @@ def check(image: str, start_timeout: float) -> list[tuple[str, bool, str]]:
         status = None
         while time.monotonic() < deadline and proc.poll() is None:
             try:
-                status = httpx.get(url + "/health", timeout=2.0, trust_env=False).status_code
+                status = httpx.get(url + "/ready", timeout=2.0, trust_env=False).status_code
                 if status == 200:
                     break
             except httpx.HTTPError:
                 pass
             time.sleep(0.5)
-        results.append(("/health is 200", status == 200,
-                        f"after {time.monotonic() - started:.1f} s" if status == 200 else f"last status {status}"))
+        waited = time.monotonic() - started
         if status != 200:
+            results.append(("/ready is 200", False, f"last status {status}"))
+            return results
+        health = httpx.get(url + "/health", timeout=2.0, trust_env=False).status_code
+        results.append(("/ready, /health 200", health == 200, f"ready after {waited:.1f} s; /health {health}"))
+        if health != 200:
             return results
         server_pid = listening_pid(port)
         client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=120.0)
@@ -146,7 +151,7 @@ def check(image: str, start_timeout: float) -> list[tuple[str, bool, str]]:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("image", nargs="?", default="localhost/llmrs:latest")
-    p.add_argument("--start-timeout", type=float, default=300.0, help="seconds for /health to turn 200")
+    p.add_argument("--start-timeout", type=float, default=300.0, help="seconds for /ready to turn 200")
     args = p.parse_args(argv)
     start = time.monotonic()
     results = check(args.image, args.start_timeout)

@@ -395,6 +395,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
             check_int(name, value, minimum=minimum)
     if args.drain_timeout < 0:
         raise ValueError(f"--drain-timeout must be >= 0, got {args.drain_timeout}")
+    for name, value in (("--request-timeout", args.request_timeout), ("--step-timeout", args.step_timeout)):
+        if value is not None and not value > 0:
+            raise ValueError(f"{name} must be > 0 seconds, got {value}")
+    for name, value, minimum in (("--stream-buffer", args.stream_buffer, 1),
+                                 ("--max-engine-restarts", args.max_engine_restarts, 0)):
+        check_int(name, value, minimum=minimum)
     from .server.tracing import otlp_provider_from_env
 
     tracer_provider = otlp_provider_from_env()  # ValueError naming the package when the exporter is missing
@@ -403,16 +409,18 @@ def cmd_serve(args: argparse.Namespace) -> int:
     app = create_app(model, served_model_name=args.served_model_name, max_num_seqs=args.max_num_seqs,
                      num_blocks=args.num_blocks, max_queue=args.max_queue, api_key=api_key or None,
                      request_log=None if args.no_request_log else sys.stdout, log_prompts=args.log_prompts,
-                     tracer_provider=tracer_provider)
+                     tracer_provider=tracer_provider, request_timeout=args.request_timeout,
+                     step_timeout=args.step_timeout, stream_buffer=args.stream_buffer,
+                     max_restarts=args.max_engine_restarts)
     name = app.state.served_model_name
-    print(f"serving {name!r} on http://{args.host}:{args.port}/v1 (loading; /health is 200 when ready)",
+    print(f"serving {name!r} on http://{args.host}:{args.port}/v1 (loading; /ready is 200 when it takes requests)",
           file=sys.stderr)
     if tracer_provider is not None:
         print(f"tracing: OTLP export to {os.environ.get('OTEL_EXPORTER_OTLP_TRACES_ENDPOINT') or os.environ['OTEL_EXPORTER_OTLP_ENDPOINT']}",
               file=sys.stderr)
     try:
         serve(app, host=args.host, port=args.port, drain_timeout=args.drain_timeout,
-              access_log=args.no_request_log)
+              access_log=args.no_request_log, on_drain=app.state.engine_loop.drain)
     finally:
         if tracer_provider is not None:
             tracer_provider.shutdown()  # flush the spans still batched
@@ -571,7 +579,16 @@ def build_parser() -> argparse.ArgumentParser:
                    help="require Authorization: Bearer KEY on /v1/* (default: $LLMRS_API_KEY, else none)")
     p.add_argument("--served-model-name", metavar="NAME", help="the model's name in the API (default: the file's stem)")
     p.add_argument("--drain-timeout", type=float, default=30.0,
-                   help="on SIGTERM, seconds the requests in flight get to finish (default 30)")
+                   help="on SIGTERM, seconds the requests in flight get to finish (default 30); /ready is 503 at once")
+    p.add_argument("--request-timeout", type=float, metavar="SECONDS",
+                   help="abort a request that has not finished this long after it arrived: 504 (default: no limit)")
+    p.add_argument("--step-timeout", type=float, default=60.0, metavar="SECONDS",
+                   help="an engine step running longer makes the server unready and fails the requests in "
+                        "flight (default 60)")
+    p.add_argument("--stream-buffer", type=int, default=256, metavar="N",
+                   help="abort a stream whose client leaves more than N outputs a request unread (default 256)")
+    p.add_argument("--max-engine-restarts", type=int, default=3, metavar="K",
+                   help="fresh engines after failures within 60 s before the server stays unready (default 3)")
     p.add_argument("--log-prompts", action="store_true",
                    help="add each request's prompt and output to its JSON log line (default: not logged)")
     p.add_argument("--no-request-log", action="store_true",

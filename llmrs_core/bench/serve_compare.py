@@ -153,7 +153,7 @@ def compare(model: str | Path, loads: Sequence[Load], workloads: Callable[[int],
     notes: list[str] = []
 
     server = ManagedServer(OURS, lambda port: our_command(model, port, threads, max(16, concurrency), backend),
-                           "/health", threads, start_timeout)
+                           "/ready", threads, start_timeout)
     _run_with(server, servers, loads, workloads, seed, slos, timeout, "ignore_eos", on_level)
     missing = llama_cpp_server_missing() if with_llama_cpp else "llama-cpp-python: not asked for"
     if missing is None:

@@ -3,7 +3,8 @@
 One idea per module:
 
 * :mod:`.loop` — the engine loop: one thread owns the engine; handlers submit
-  requests through a queue and read per-request streams of outputs;
+  requests through a queue and read per-request streams of outputs; its faults
+  (a failing or stalled step, deadlines, slow readers, drain) and readiness;
 * :mod:`.protocol` — OpenAI's request fields (checked, named in every error) and response shapes;
 * :mod:`.sse` — engine outputs -> server-sent events (and the non-streamed answer);
 * :mod:`.metrics` — Prometheus metrics with vLLM's names (``llmrs:`` prefix) and buckets;
@@ -17,7 +18,16 @@ Needs the ``serve`` extra: ``pip install 'llmrs-core[serve]'``.
 """
 
 from .app import create_app
-from .loop import EngineDeadError, EngineLoop, EngineRequest, QueueFullError, ResponseStream
+from .loop import (
+    EngineDeadError,
+    EngineLoop,
+    EngineRequest,
+    QueueFullError,
+    RequestTimeoutError,
+    ResponseStream,
+    SlowConsumerError,
+    StreamError,
+)
 from .serve import BackgroundServer, serve
 
 __all__ = [
@@ -26,7 +36,10 @@ __all__ = [
     "EngineLoop",
     "EngineRequest",
     "QueueFullError",
+    "RequestTimeoutError",
     "ResponseStream",
+    "SlowConsumerError",
+    "StreamError",
     "create_app",
     "serve",
 ]

@@ -8,7 +8,8 @@ POST /v1/chat/completions ``messages`` through the model's chat template; SSE wi
 GET  /v1/models           the one served model
 POST /tokenize            ``{"prompt"}`` or ``{"messages"}`` -> ``{"tokens", "count", "max_model_len"}``
 POST /detokenize          ``{"tokens"}`` -> ``{"prompt"}``
-GET  /health              200 ready; 503 while loading, and once the engine loop died
+GET  /health              liveness: 200 while the process can serve (loading included); 503 wedged
+GET  /ready               readiness: 200 when it takes traffic; 503 loading, draining, restarting, failed
 GET  /metrics             Prometheus text (:mod:`.metrics`)
 ========================  ==========================================================
 
@@ -19,10 +20,19 @@ messages through ``Tokenizer.encode_chat`` (only the template makes control
 tokens) — and submit token ids to the :class:`~.loop.EngineLoop`, whose
 thread owns the engine. Every refusal happens before the first byte of the
 answer, in OpenAI's error shape: 400 naming the field, 401 without the API
-key (``/health`` and ``/metrics`` stay open), 404 ``model_not_found``, 413 for
+key (``/health``, ``/ready`` and ``/metrics`` stay open), 404 ``model_not_found``, 413 for
 a body over ``max_body_bytes``, 429 with ``Retry-After`` past ``max_queue``
-waiting requests, 503 when the engine loop is dead. A client that
+waiting requests, 503 when the engine loop is dead or draining. A client that
 disconnects, streaming or not, aborts its requests before the next engine step.
+
+Faults (chapter 12.3, :mod:`.loop`): a request whose engine step failed gets a
+500 (or an error event in its stream, then ``[DONE]``) and the loop restarts
+with a fresh engine (``llmrs:engine_restarts_total``; one JSON line
+``{"event": "engine_failure", ...}`` with the step's batch in the request log,
+or on stderr without one); a request past ``request_timeout`` a 504; a stream
+whose client does not read it, past ``stream_buffer`` outputs a request, an error (408)
+and its requests aborted; a step past ``step_timeout`` makes the server
+unready and fails what is in flight (503).
 """
 
 from __future__ import annotations
@@ -43,7 +53,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from ..engine import Engine
 from ..loader import Model
 from ..validation import check_fits_context, check_token_ids, prompt_ids
-from .loop import EngineDeadError, EngineLoop, EngineRequest, QueueFullError
+from .loop import EngineLoop, EngineRequest, QueueFullError, StreamError
 from .metrics import ServerMetrics
 from .protocol import (
     APIError,
@@ -57,6 +67,8 @@ from .request_log import RequestObserver
 from .sse import EventStream, StreamInfo, collect, sse_events
 from .tracing import context_from_headers
 
+#: the most outputs a stream keeps per request for a client that does not read them (then they are aborted)
+DEFAULT_STREAM_BUFFER = 256
 #: the default generation budget of /v1/completions (OpenAI's and vLLM's); chat's is the rest of the context
 DEFAULT_COMPLETION_MAX_TOKENS = 16
 MAX_BODY_BYTES = 8 * 2**20
@@ -77,6 +89,11 @@ def create_app(
     request_log: TextIO | None = None,
     log_prompts: bool = False,
     tracer_provider: TracerProvider | None = None,
+    request_timeout: float | None = None,
+    step_timeout: float | None = None,
+    stream_buffer: int | None = DEFAULT_STREAM_BUFFER,
+    max_restarts: int = 3,
+    restart_window: float = 60.0,
 ) -> FastAPI:
     """An app serving ``model`` (which needs a tokenizer) through one continuous-batching engine.
 
@@ -88,7 +105,16 @@ def create_app(
     Each finished request writes one JSON line to ``request_log`` (prompts and outputs
     only with ``log_prompts``) and its spans to ``tracer_provider`` (default: the global
     one) — :mod:`.request_log`, :mod:`.tracing`.
+
+    Faults (:mod:`.loop`): ``request_timeout`` seconds is every request's deadline
+    (``None``: none); ``step_timeout`` seconds, the most one engine step may take before
+    the server goes unready (``None``: no watchdog); ``stream_buffer``, the most outputs
+    a stream keeps per request for a client that does not read them; ``max_restarts`` fresh engines
+    within ``restart_window`` seconds, after which an engine failure is final.
     """
+    for what, value in (("request_timeout", request_timeout), ("step_timeout", step_timeout)):
+        if value is not None and not value > 0:
+            raise ValueError(f"{what} must be > 0 seconds, got {value}")
     tokenizer = model.tokenizer  # ValueError now if the model has none: a server needs text
     name = served_model_name or model.path.stem
     config = model.config
@@ -99,13 +125,23 @@ def create_app(
         metrics.observe_step(engine, outputs)
         observer.observe_step(engine, outputs)
 
+    built = []
+
     def make_engine() -> Engine:
-        if warm_up:
+        if warm_up and not built:  # a restart reuses the compiled kernels: only the engine state is new
             model.warm_up()
+        built.append(1)
         return Engine(model.network, tokenizer, num_blocks=num_blocks, block_size=block_size,
                       max_num_seqs=max_num_seqs)
 
-    engine_loop = EngineLoop(make_engine, max_queue=max_queue, on_step=on_step)
+    def on_failure(record: dict) -> None:
+        if record["action"] == "restart":
+            metrics.observe_restart()
+        observer.log_event(record)
+
+    engine_loop = EngineLoop(make_engine, max_queue=max_queue, on_step=on_step, max_buffered=stream_buffer,
+                             step_timeout=step_timeout, max_restarts=max_restarts, restart_window=restart_window,
+                             on_failure=on_failure)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -194,27 +230,34 @@ def create_app(
         observer.register(list(choice_of), client, context_from_headers(request.headers), prompt_of)
         try:
             try:
-                stream = await engine_loop.submit(requests)
+                stream = await engine_loop.submit(requests, timeout=request_timeout)
             except BaseException:
                 observer.discard(list(choice_of))
                 raise
         except QueueFullError as e:
             raise APIError(429, str(e), code="rate_limit_exceeded", headers={"Retry-After": "1"}) from None
-        except EngineDeadError as e:
-            raise APIError(503, str(e)) from None
+        except StreamError as e:  # draining or dead (503), past the deadline already (504)
+            raise APIError(e.status, str(e)) from None
         except ValueError as e:  # RequestRejected: can never fit the pool, say
             raise APIError(400, str(e), param="max_tokens") from None
         info = StreamInfo(response_id, req.created, name, chat, choice_of, sum(len(ids) for ids, _ in encoded),
                           tokenizer.token_bytes)
         if req.stream:
-            return StreamingResponse(stream_events(stream, info, req.include_usage, engine_loop.abort),
-                                     media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+            async def events() -> AsyncIterator[bytes]:
+                try:
+                    async for event in stream_events(stream, info, req.include_usage, engine_loop.abort):
+                        yield event
+                finally:
+                    stream.close()  # its deadline, if any, is over
+
+            return StreamingResponse(events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
         answer = asyncio.ensure_future(collect(stream, info))
         gone = asyncio.ensure_future(wait_disconnect(request))
         try:
             await asyncio.wait({answer, gone}, return_when=asyncio.FIRST_COMPLETED)
         finally:  # the client left (or this handler was cancelled): stop its requests in the engine
             gone.cancel()
+            stream.close()
             if not answer.done():
                 answer.cancel()
                 engine_loop.abort(stream.unfinished)
@@ -222,8 +265,8 @@ def create_app(
             return Response(status_code=499)  # nobody reads it; nginx's "client closed request"
         try:
             return JSONResponse(answer.result())
-        except EngineDeadError as e:
-            raise APIError(503, str(e)) from None
+        except StreamError as e:  # dead or stalled (503), its deadline (504)
+            raise APIError(e.status, str(e)) from None
         except RuntimeError as e:  # the request failed in the engine
             raise APIError(500, str(e)) from None
 
@@ -286,15 +329,29 @@ def create_app(
             raise APIError(400, str(e), param="tokens") from None
         return {"prompt": tokenizer.decode(ids)}
 
+    def status_body(state: str) -> dict:
+        body: dict = {"status": state}
+        if engine_loop.restarts:
+            body["restarts"] = engine_loop.restarts
+        error = engine_loop.error or (engine_loop.last_failure if state != "ready" else None)
+        if error is not None:
+            body["error"] = error
+        return body
+
     @app.get("/health")
     async def health() -> JSONResponse:
-        if engine_loop.error is not None:
-            return JSONResponse({"status": "dead", "error": engine_loop.error}, status_code=503)
-        if not engine_loop.ready.is_set():
-            return JSONResponse({"status": "loading"}, status_code=503)
-        if not engine_loop.alive:
-            return JSONResponse({"status": "stopped"}, status_code=503)
-        return JSONResponse({"status": "ok"})
+        """Liveness: 503 only when the process cannot serve again without a restart."""
+        state = engine_loop.state
+        if engine_loop.wedged:
+            return JSONResponse(status_body(state), status_code=503)
+        return JSONResponse({"status": "ok"} if state == "ready" else status_body(state))
+
+    @app.get("/ready")
+    async def ready() -> JSONResponse:
+        """Readiness: 200 only while requests are taken."""
+        if engine_loop.accepting:
+            return JSONResponse(status_body("ready"))
+        return JSONResponse(status_body(engine_loop.state), status_code=503)
 
     @app.get("/metrics")
     async def prometheus() -> Response:

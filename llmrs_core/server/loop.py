@@ -1,4 +1,4 @@
-"""The engine loop (chapter 11): one thread owns the engine; HTTP handlers talk to it through queues.
+"""The engine loop (chapters 11, 12): one thread owns the engine; HTTP handlers talk to it through queues.
 
 The continuous-batching :class:`~llmrs_core.engine.Engine` is not thread-safe,
 and a forward pass must never run on the event loop (every other client would
@@ -20,16 +20,74 @@ wait for it). So one thread, and only that thread, touches the engine:
   for finished requests.
 * A client that goes away calls :meth:`EngineLoop.abort`; the abort is applied
   before the next step, so the request computes at most the step in progress.
-* If an exception escapes the loop (a bug, not a failing request: those finish
-  alone with reason ``"error"``), the loop is dead: :attr:`EngineLoop.error`
-  says why, every open stream raises :class:`EngineDeadError`, and so does
-  every later ``submit``. ``/health`` turns 503.
+
+Fault tolerance (chapter 12.3). The loop's :attr:`~EngineLoop.state` is what
+``/ready`` and ``/health`` report:
+
+==============  =========  ==========  =====================================================
+state           ``/ready``  ``/health``  meaning
+==============  =========  ==========  =====================================================
+``loading``     503        200         building the engine (weights, kernels)
+``ready``       200        200         taking traffic
+``restarting``  503        200         an engine step failed; a fresh engine is being built
+``draining``    503        200         SIGTERM: finishing the requests in flight, refusing new ones
+``stalled``     503        503         a step has run past ``step_timeout`` (the process is wedged)
+``failed``      503        503         the engine failed for good (crash-loop guard, or it cannot be built)
+``stopped``     503        503         the loop has shut down
+==============  =========  ==========  =====================================================
+
+* **A failing step.** The engine already fails *one* request alone when its
+  own forward pass or sampler raises (finish reason ``"error"``). The loop
+  treats as an engine failure any exception that escapes an iteration (a bug
+  in the scheduler, the pool, a callback) and a step in which *every* request
+  it ran failed (the batch failed, and each sequence again alone: a backend
+  that is broken, not a bad request). Then every request in that step's batch
+  — and any preempted request that already streamed tokens — gets an error
+  (HTTP 500, or an error event), the failure is reported to ``on_failure`` as
+  one record (the app writes it as a JSON log line and counts
+  ``llmrs:engine_restarts_total``), and the loop **restarts with a fresh
+  engine** (a new KV pool: whatever corrupted the old state is gone). Requests
+  still waiting in the engine's queue that have produced nothing are
+  **retried** in the fresh engine: nothing of theirs reached a client, so the
+  retry is invisible to them (their queue time starts again), and the request
+  that triggered the failure is never among them, so a poisonous request is
+  not replayed. Restarting rather than only going unready because most
+  failures of a step are transient or state corruption (an out-of-memory, a
+  bug hit by one batch), which a fresh pool cures in milliseconds, while a
+  pod replacement takes the model's load time and drops every queued request.
+  **Crash-loop guard:** after ``max_restarts`` restarts within
+  ``restart_window`` seconds the next failure is final: the loop goes
+  ``failed`` (``/ready`` and ``/health`` 503), fails everything in flight, and
+  the orchestrator replaces the pod (a broken device does not heal by
+  restarting the loop).
+* **Deadlines** (``submit(..., timeout=)``): a timer on the event loop, not in
+  the engine thread, so it fires even while a step is stuck; the requests are
+  aborted (their blocks are free before the next step) and the stream raises
+  :class:`RequestTimeoutError` (HTTP 504).
+* **Slow consumers**: a stream buffers at most ``max_buffered`` outputs per
+  request that its client has not taken (the socket's buffers come first); past that the requests are aborted and the stream
+  raises :class:`SlowConsumerError`. The other requests never wait for it.
+* **A stalled step** (``step_timeout``): a watchdog thread sees a step running
+  too long, marks the loop ``stalled`` and fails every request in flight and
+  every pending submission at once (HTTP 503, or an error event): the HTTP
+  side never hangs on the stuck thread. If the step finally returns, its
+  outputs are discarded (their clients were answered), the engine is dropped,
+  and the loop restarts with a fresh one as after a failed step (it counts
+  toward the crash-loop guard). If it never returns, ``/health`` stays 503
+  and the orchestrator's liveness probe restarts the process.
+* **Drain** (:meth:`EngineLoop.drain`, on SIGTERM): ``/ready`` turns 503 and
+  new submissions are refused (503) at once; requests in flight go on, and
+  those still running after the drain timeout are aborted with an error.
+* If a ``BaseException`` escapes the loop, or a fresh engine cannot be built,
+  the loop is ``failed``: :attr:`EngineLoop.error` says why, every open stream
+  raises :class:`EngineDeadError`, and so does every later ``submit``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -38,8 +96,29 @@ from ..engine import Engine, RequestOutput
 from ..sampling import SamplingParams
 
 
-class EngineDeadError(RuntimeError):
-    """The engine loop stopped (it failed, or the server is shutting down); no request can run."""
+class StreamError(RuntimeError):
+    """A response stream ended before its requests finished; :attr:`status` is the HTTP status
+    to answer with (also the ``code`` of a stream's error event)."""
+
+    status = 500
+
+
+class EngineDeadError(StreamError):
+    """The engine loop takes no requests: it is draining, stalled, failed or shutting down (HTTP 503)."""
+
+    status = 503
+
+
+class RequestTimeoutError(StreamError):
+    """The request ran past its deadline (``--request-timeout``) and was aborted (HTTP 504)."""
+
+    status = 504
+
+
+class SlowConsumerError(StreamError):
+    """The client did not read its stream: too many outputs waited for it, so it was aborted (HTTP 408)."""
+
+    status = 408
 
 
 class QueueFullError(RuntimeError):
@@ -63,24 +142,67 @@ class EngineRequest:
     logprobs: int | None = None
 
 
+_WAKE = object()  # wakes a reader after fail(); carries nothing
+
+
 class ResponseStream:
     """The outputs of the engine requests of one HTTP call, in the order the engine made them.
 
     An async iterator of :class:`~llmrs_core.engine.RequestOutput` (each names its
-    ``request_id``); it ends once every request has finished, and raises
-    :class:`EngineDeadError` if the engine loop died first. Lives on the event loop:
-    the engine thread only reaches it through ``loop.call_soon_threadsafe``.
+    ``request_id``); it ends once every request has finished, and raises a
+    :class:`StreamError` if they cannot: :class:`EngineDeadError` (the loop died or
+    shut down), :class:`RequestTimeoutError` (``timeout`` seconds after it was made),
+    :class:`SlowConsumerError` (more than ``max_buffered`` outputs per request waited
+    for the reader). The last two also call ``abort(unfinished request ids)``. Lives on the
+    event loop: the engine thread only reaches it through ``loop.call_soon_threadsafe``.
     """
 
-    def __init__(self, request_ids: Sequence[str], loop: asyncio.AbstractEventLoop):
+    def __init__(self, request_ids: Sequence[str], loop: asyncio.AbstractEventLoop, *,
+                 max_buffered: int | None = None, timeout: float | None = None,
+                 abort: Callable[[list[str]], None] | None = None):
         self.request_ids = list(request_ids)
         self.loop = loop
-        self._queue: asyncio.Queue[RequestOutput | EngineDeadError] = asyncio.Queue()
+        #: the most outputs waiting for the reader: ``max_buffered`` per request
+        self.limit = None if max_buffered is None else max_buffered * len(self.request_ids)
+        self._abort = abort
+        self._queue: asyncio.Queue = asyncio.Queue()
         self._open = set(self.request_ids)
+        self._error: StreamError | None = None
+        self._timer = None if timeout is None else loop.call_later(timeout, self._expire, timeout)
 
-    def put(self, item: RequestOutput | EngineDeadError) -> None:
-        """Called on the event loop (via ``call_soon_threadsafe``)."""
+    def put(self, item: RequestOutput | StreamError) -> None:
+        """Called on the event loop (via ``call_soon_threadsafe``). A :class:`StreamError` is
+        raised to the reader after the outputs before it."""
+        if self._error is not None:
+            return  # the stream has failed; nobody will read the rest
+        if self.limit is not None and isinstance(item, RequestOutput) and self._queue.qsize() >= self.limit:
+            self.fail(SlowConsumerError(
+                f"the client did not read its stream: {self._queue.qsize()} outputs were waiting for it (the "
+                f"limit is {self.limit}), so its requests were aborted"), abort=True)
+            return
         self._queue.put_nowait(item)
+
+    def fail(self, error: StreamError, abort: bool = False) -> None:
+        """End the stream now with ``error`` (its reader gets it next, before anything buffered);
+        with ``abort``, the unfinished requests are aborted in the engine. On the event loop."""
+        if self._error is not None or not self._open:
+            return
+        if abort and self._abort is not None:
+            self._abort(self.unfinished)
+        self._error = error
+        self.close()
+        self._queue.put_nowait(_WAKE)
+
+    def close(self) -> None:
+        """Cancel the deadline (the response is over); idempotent."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _expire(self, timeout: float) -> None:
+        self._timer = None
+        self.fail(RequestTimeoutError(f"the request did not finish within its deadline of {timeout:g} s "
+                                      "(--request-timeout); it was aborted"), abort=True)
 
     @property
     def unfinished(self) -> list[str]:
@@ -92,10 +214,17 @@ class ResponseStream:
 
     async def __anext__(self) -> RequestOutput:
         if not self._open:
+            self.close()
             raise StopAsyncIteration
-        item = await self._queue.get()
-        if isinstance(item, EngineDeadError):
+        item = self._queue.get_nowait() if self._error is None and not self._queue.empty() else None
+        if item is None and self._error is None:
+            item = await self._queue.get()
+        if self._error is not None:
             self._open.clear()
+            raise self._error
+        if isinstance(item, StreamError):
+            self._open.clear()
+            self.close()
             raise item
         if item.finished:
             self._open.discard(item.request_id)
@@ -107,6 +236,7 @@ class _Submission:
     requests: list[EngineRequest]
     stream: ResponseStream
     accepted: asyncio.Future  # resolves to None, or to the exception add_request raised
+    handled: bool = False  # the loop thread has admitted or refused it
 
 
 def _settle(future: asyncio.Future, error: BaseException | None) -> None:
@@ -129,18 +259,47 @@ def _call_soon(loop: asyncio.AbstractEventLoop, fn: Callable, *args: object) -> 
             raise
 
 
+class _StepFailed(Exception):
+    """Every request of an engine step failed (their error outputs are already delivered)."""
+
+    def __init__(self, outputs: list[RequestOutput], batch: list[dict]):
+        super().__init__(outputs[0].error or "every request of the step failed")
+        self.outputs = outputs
+        self.batch = batch
+
+
+class _StepStalled(Exception):
+    """The step returned after the watchdog had given it up (its requests were failed)."""
+
+
+#: states in which ``/ready`` is 200, and those in which ``/health`` is 503 (see the module docstring)
+READY_STATES = ("ready",)
+WEDGED_STATES = ("stalled", "failed", "stopped")
+
+
 class EngineLoop:
     """The thread that owns the engine; see the module docstring for the protocol.
 
     Args:
         make_engine: builds the engine, *in the loop thread* (loading weights and
-            compiling kernels happen there, while ``/health`` says 503).
+            compiling kernels happen there, while ``/ready`` says 503); called again
+            for a fresh engine after a failure.
         max_queue: the most requests waiting for the engine (submitted and not yet
             running) before :meth:`submit` raises :class:`QueueFullError`; ``None``: no limit.
         on_step: called in the loop thread after every iteration with the engine and
             that iteration's outputs — its aborts (finish reason ``"abort"``) first, then
             the step's — before finished requests are released: the metrics, logs and
             traces read the engine here.
+        max_buffered: the most outputs a stream holds per request for a client that does
+            not read them (:class:`SlowConsumerError` past it); ``None``: no limit.
+        step_timeout: seconds one engine step may take before the watchdog declares the
+            loop stalled; ``None``: no watchdog.
+        max_restarts, restart_window: the crash-loop guard: at most ``max_restarts``
+            fresh engines within ``restart_window`` seconds; the next failure is final.
+        on_failure: called (in the loop or watchdog thread) with one record per engine
+            failure: ``{"event": "engine_failure", "error", "where", "action": "restart" |
+            "unready", "restarts_in_window", "batch": [{"request_id", "prompt_tokens",
+            "computed_tokens", "completion_tokens"}], "failed", "retried"}``.
     """
 
     def __init__(
@@ -148,22 +307,51 @@ class EngineLoop:
         make_engine: Callable[[], Engine],
         max_queue: int | None = None,
         on_step: Callable[[Engine, list[RequestOutput]], None] | None = None,
+        *,
+        max_buffered: int | None = None,
+        step_timeout: float | None = None,
+        max_restarts: int = 3,
+        restart_window: float = 60.0,
+        on_failure: Callable[[dict], None] | None = None,
     ):
+        if step_timeout is not None and not step_timeout > 0:
+            raise ValueError(f"step_timeout must be > 0 seconds, got {step_timeout}")
+        if max_buffered is not None and max_buffered < 1:
+            raise ValueError(f"max_buffered must be >= 1, got {max_buffered}")
         self._make_engine = make_engine
         self.max_queue = max_queue
+        self.max_buffered = max_buffered
+        self.step_timeout = step_timeout
+        self.max_restarts = max_restarts
+        self.restart_window = restart_window
         self._on_step = on_step
+        self._on_failure = on_failure
         self._cond = threading.Condition()
         self._submissions: deque[_Submission] = deque()
         self._aborts: set[str] = set()
         self._pending = 0  # requests in self._submissions
         self._engine_waiting = 0  # the engine's waiting queue after the last iteration
-        self._streams: dict[str, ResponseStream] = {}  # loop thread only
+        self._streams: dict[str, ResponseStream] = {}  # loop thread (the watchdog only while a step is stuck)
+        self._requests: dict[str, EngineRequest] = {}  # admitted and unfinished: what a retry re-adds
         self._stopping = False
+        self._draining = False
+        self._cut_off: str | None = None  # the drain timeout passed: fail what is in flight with this
+        self._step_started: float | None = None  # monotonic time of the step in progress (under _cond)
+        self._stalled = False
+        self._stall_ids: list[str] = []  # the requests in flight when the watchdog gave the step up
+        self._failures: deque[float] = deque()  # monotonic times of the recent failures
         self._thread: threading.Thread | None = None
-        #: set once the engine is built and warm: requests run from then on
+        self._watchdog: threading.Thread | None = None
+        #: set once the engine is first built and warm: requests run from then on
         self.ready = threading.Event()
-        #: why the loop died (``None`` while it is alive)
+        #: ``loading``, ``ready``, ``restarting``, ``draining``, ``stalled``, ``failed`` or ``stopped``
+        self.state = "loading"
+        #: why the loop failed for good (``None`` until it has)
         self.error: str | None = None
+        #: why the engine last failed (kept after a restart, for ``/ready`` and ``/health``)
+        self.last_failure: str | None = None
+        #: fresh engines built after failures
+        self.restarts = 0
         #: engine steps taken (read from other threads for statistics only)
         self.steps = 0
         #: the engine, once built — only the loop thread uses it; others may *read* it while
@@ -177,57 +365,124 @@ class EngineLoop:
             raise RuntimeError("the engine loop is already started")
         self._thread = threading.Thread(target=self._run, name="llmrs-engine-loop", daemon=True)
         self._thread.start()
+        if self.step_timeout is not None:
+            self._watchdog = threading.Thread(target=self._watch, name="llmrs-engine-watchdog", daemon=True)
+            self._watchdog.start()
 
     def stop(self, timeout: float = 10.0) -> None:
         """Stop the loop: requests still in flight are aborted and their streams end with
         :class:`EngineDeadError`. Waits up to ``timeout`` seconds for the thread."""
         with self._cond:
             self._stopping = True
-            self._cond.notify()
+            self._cond.notify_all()
         if self._thread is not None:
             self._thread.join(timeout)
+        if self._watchdog is not None:
+            self._watchdog.join(timeout)
+
+    def drain(self, timeout: float | None = None) -> None:
+        """Stop taking requests (``/ready`` 503, :meth:`submit` raises :class:`EngineDeadError`);
+        those in flight go on, and after ``timeout`` seconds those still unfinished are aborted
+        and get an error. Thread-safe; a second call changes nothing."""
+        with self._cond:
+            if self._draining:
+                return
+            self._draining = True
+            if self.state == "ready":
+                self.state = "draining"
+        if timeout is not None:
+            message = (f"the server is shutting down and this request did not finish within the drain timeout "
+                       f"({timeout:g} s)")
+            timer = threading.Timer(timeout, self._cut, (message,))
+            timer.daemon = True
+            timer.start()
+
+    def _cut(self, message: str) -> None:
+        with self._cond:
+            self._cut_off = message
+            self._cond.notify_all()
 
     @property
     def alive(self) -> bool:
         return self._thread is not None and self._thread.is_alive() and self.error is None
 
+    @property
+    def accepting(self) -> bool:
+        """Whether requests are taken now (``/ready``)."""
+        return self.state in READY_STATES and not self._draining and self.alive
+
+    @property
+    def wedged(self) -> bool:
+        """Whether the process cannot serve without outside help (``/health`` 503)."""
+        return self.state in WEDGED_STATES or (self.ready.is_set() and not self.alive)
+
     # -- the handlers' side (event loop) ------------------------------------------------
 
-    async def submit(self, requests: Sequence[EngineRequest]) -> ResponseStream:
+    async def submit(self, requests: Sequence[EngineRequest], timeout: float | None = None) -> ResponseStream:
         """Queue the requests of one HTTP call; returns their stream once the engine accepted all.
 
-        Raises :class:`QueueFullError` (nothing queued), ``RequestRejected`` /
-        ``ValueError`` from ``Engine.add_request`` (nothing left in the engine), or
-        :class:`EngineDeadError`. If the caller is cancelled while waiting, the
-        requests are aborted.
+        ``timeout``: the requests' deadline in seconds from now (the stream raises
+        :class:`RequestTimeoutError` then). Raises :class:`QueueFullError` (nothing queued),
+        ``RequestRejected`` / ``ValueError`` from ``Engine.add_request`` (nothing left in the
+        engine), :class:`EngineDeadError`, or :class:`RequestTimeoutError` (the deadline passed
+        before the engine took them). If the caller is cancelled while waiting, the requests
+        are aborted.
         """
         loop = asyncio.get_running_loop()
-        stream = ResponseStream([r.request_id for r in requests], loop)
+        stream = ResponseStream([r.request_id for r in requests], loop, max_buffered=self.max_buffered,
+                                timeout=timeout, abort=self.abort)
         submission = _Submission(list(requests), stream, loop.create_future())
         with self._cond:
-            if self.error is not None or self._stopping:
-                raise EngineDeadError(self.error or "the server is shutting down")
+            refusal = self._refusal()
+            if refusal is not None:
+                stream.close()
+                raise EngineDeadError(refusal)
             if self.max_queue is not None and self._pending + self._engine_waiting + len(requests) > self.max_queue:
+                stream.close()
                 raise QueueFullError(
                     f"too many requests waiting ({self._pending + self._engine_waiting}; the limit is "
                     f"{self.max_queue}): retry later"
                 )
             self._submissions.append(submission)
             self._pending += len(requests)
-            self._cond.notify()
+            self._cond.notify_all()
         try:
-            await submission.accepted
+            if timeout is None:
+                await submission.accepted
+            else:
+                await asyncio.wait_for(asyncio.shield(submission.accepted), timeout)
+        except TimeoutError:
+            self.abort(stream.request_ids)
+            stream.close()
+            raise RequestTimeoutError(f"the engine did not take the request within its deadline of {timeout:g} s "
+                                      "(--request-timeout)") from None
         except asyncio.CancelledError:
             self.abort(stream.request_ids)
+            stream.close()
+            raise
+        except BaseException:
+            stream.close()
             raise
         return stream
+
+    def _refusal(self) -> str | None:
+        """Why a submission is refused now (under ``_cond``), or ``None``."""
+        if self.error is not None:
+            return self.error
+        if self._stopping:
+            return "the server is shutting down"
+        if self._draining:
+            return "the server is draining (shutting down): send the request to another replica"
+        if self._stalled:
+            return f"the server is unready: an engine step has run for more than {self.step_timeout:g} s"
+        return None
 
     def abort(self, request_ids: Sequence[str]) -> None:
         """Cancel requests (thread-safe; unknown or finished ids are ignored). Applied before
         the next engine step; a request not yet admitted is never added to the engine."""
         with self._cond:
             self._aborts.update(request_ids)
-            self._cond.notify()
+            self._cond.notify_all()
 
     @property
     def num_waiting(self) -> int:
@@ -240,22 +495,33 @@ class EngineLoop:
         engine = None
         try:
             engine = self.engine = self._make_engine()
+            with self._cond:
+                self.state = "draining" if self._draining else "ready"
             self.ready.set()
             while True:
                 with self._cond:
-                    while not (self._stopping or self._submissions or self._aborts or engine.has_unfinished()):
+                    while not (self._stopping or self._cut_off or self._submissions or self._aborts
+                               or engine.has_unfinished()):
                         self._cond.wait()
                     if self._stopping:
                         break
+                    cut_off, self._cut_off = self._cut_off, None
                     submissions, self._submissions = list(self._submissions), deque()
                     aborts, self._aborts = self._aborts, set()
                     self._pending -= sum(len(s.requests) for s in submissions)
-                self._iterate(engine, submissions, aborts)
+                if cut_off is not None:
+                    self._fail_streams(engine, EngineDeadError(cut_off))
+                try:
+                    self._iterate(engine, submissions, aborts)
+                except Exception as e:  # the engine failed: restart it, or give up
+                    engine = self._recover(engine, e, submissions)
+                    if engine is None:
+                        return
                 del submissions  # while the loop sleeps it holds no request's stream
-            self._shut_down(engine, EngineDeadError("the server is shutting down"))
+            self._shut_down(engine, EngineDeadError("the server is shutting down"), "stopped")
         except BaseException as e:  # the loop is dead: say why to everyone waiting on it
             self.error = f"the engine loop failed: {type(e).__name__}: {e}"
-            self._shut_down(engine, EngineDeadError(self.error))
+            self._shut_down(engine, EngineDeadError(self.error), "failed")
 
     def _iterate(self, engine: Engine, submissions: list[_Submission], aborts: set[str]) -> None:
         """One iteration: admit, apply aborts, step, deliver, observe, release."""
@@ -268,39 +534,69 @@ class EngineLoop:
             self._deliver(out)
         outputs: list[RequestOutput] = []
         if engine.has_unfinished():
-            outputs = engine.step()
+            outputs = self._step(engine)
             self.steps = engine.steps
             engine.check_progress(outputs)
         for out in outputs:
             self._deliver(out)
         if self._on_step is not None:
             self._on_step(engine, aborted + outputs)
+        failed = None
+        if outputs and not engine.scheduler.running and all(o.finish_reason == "error" for o in outputs):
+            # the batch failed, and each sequence again alone: the engine's fault, not a request's
+            failed = _StepFailed(outputs, self._batch(engine, [o.request_id for o in outputs]))
         for rid in finished + [o.request_id for o in outputs if o.finished]:
             engine.release(rid)
         self._engine_waiting = len(engine.scheduler.waiting)
+        if failed is not None:
+            raise failed
+
+    def _step(self, engine: Engine) -> list[RequestOutput]:
+        """``engine.step()``, timed for the watchdog; :class:`_StepStalled` if it gave the step up."""
+        with self._cond:
+            self._step_started = time.monotonic()
+        error = None
+        try:
+            outputs = engine.step()
+        except Exception as e:
+            error = e
+        with self._cond:
+            self._step_started = None
+            stalled = self._stalled
+        if stalled:
+            raise _StepStalled(f"an engine step ran for more than {self.step_timeout:g} s (--step-timeout)")
+        if error is not None:
+            raise error
+        return outputs
 
     def _admit(self, engine: Engine, s: _Submission, aborts: set[str]) -> None:
         """Add one submission's requests (all or none); settle its future."""
         loop = s.stream.loop
+        s.handled = True
         if all(r.request_id in aborts for r in s.requests):  # the client left before admission
             _call_soon(loop, _settle, s.accepted, None)
             return
         added: list[str] = []
         try:
             for r in s.requests:
-                added.append(engine.add_request(
-                    r.prompt_ids, r.max_tokens, r.sampling, r.stop, request_id=r.request_id,
-                    ignore_eos=r.ignore_eos, logprobs=r.logprobs,
-                ))
-        except ValueError as e:  # RequestRejected and the other refusals of add_request
+                added.append(self._add(engine, r))
+        except Exception as e:  # RequestRejected (a ValueError: a 400); anything else fails this call only
             for rid in added:
                 engine.abort(rid)
                 engine.release(rid)
+            if not isinstance(e, ValueError):
+                e = StreamError(f"the engine could not take the request: {type(e).__name__}: {e}")
             _call_soon(loop, _settle, s.accepted, e)
             return
-        for rid in added:
-            self._streams[rid] = s.stream
+        for r in s.requests:
+            self._streams[r.request_id] = s.stream
+            self._requests[r.request_id] = r
         _call_soon(loop, _settle, s.accepted, None)
+
+    @staticmethod
+    def _add(engine: Engine, r: EngineRequest) -> str:
+        return engine.add_request(r.prompt_ids, r.max_tokens, r.sampling, r.stop, request_id=r.request_id,
+                                  ignore_eos=r.ignore_eos, logprobs=r.logprobs)
 
     def _deliver(self, out: RequestOutput) -> None:
         stream = self._streams.get(out.request_id)
@@ -308,17 +604,168 @@ class EngineLoop:
             return
         if out.finished:
             del self._streams[out.request_id]
+            self._requests.pop(out.request_id, None)
         _call_soon(stream.loop, stream.put, out)
 
-    def _shut_down(self, engine: Engine | None, error: EngineDeadError) -> None:
+    # -- failures -------------------------------------------------------------------------
+
+    def _recover(self, engine: Engine, error: Exception, submissions: list[_Submission]) -> Engine | None:
+        """After a failed (or stalled) step: fail its batch, retry the requests that had not started
+        in a fresh engine — or, past the crash-loop guard, fail everything. Returns the fresh engine,
+        or ``None`` when the loop gave up."""
+        stalled = isinstance(error, _StepStalled)
+        message = str(error) if isinstance(error, _StepFailed | _StepStalled) else f"{type(error).__name__}: {error}"
+        self.last_failure = message
+        now = time.monotonic()
+        self._failures.append(now)
+        while self._failures and now - self._failures[0] > self.restart_window:
+            self._failures.popleft()
+        give_up = len(self._failures) > self.max_restarts
+        if isinstance(error, _StepFailed):
+            batch = error.batch
+        else:
+            batch = self._batch(engine, self._stall_ids if stalled else [r.request_id for r in engine.scheduler.running])
+        unadmitted = [s for s in submissions if not s.handled]  # for the fresh engine
+        in_batch = {b["request_id"] for b in batch}
+
+        def untouched(rid: str) -> bool:  # nothing of it was computed, nothing reached its client
+            r = engine.requests.get(rid)
+            return r is not None and not r.output_ids and r.num_computed == 0
+
+        retried = [] if give_up else [rid for rid in self._streams if rid not in in_batch and untouched(rid)]
+        failed = [rid for rid in self._streams if rid not in retried]
+        record = {"event": "engine_failure", "time": round(time.time(), 3), "error": message,
+                  "where": "stall" if stalled else "step", "action": "unready" if give_up else "restart",
+                  "restarts_in_window": len(self._failures) - 1, "batch": batch,
+                  "failed": sorted(set(self._stall_ids) if stalled else in_batch | set(failed)), "retried": retried}
+        text = f"the engine failed ({message}); the server restarted it" if not give_up else (
+            f"the engine failed ({message}); the server gave up restarting it")
+        for rid in failed:  # their blocks back to the old pool (kept for inspection when the loop gives up)
+            try:
+                engine.abort(rid)
+            except Exception:
+                pass
+        outputs = [RequestOutput(rid, [], "", True, "error", error=f"request {rid!r} failed: {text}")
+                   for rid in failed]
+        for out in outputs:
+            self._deliver(out)
+        gone = [rid for rid in (self._stall_ids if stalled else ()) if rid in engine.requests]
+        outputs += [RequestOutput(rid, [], "", True, "error", error=message) for rid in gone]
+        self._observe_quietly(engine, outputs)
+        self._report(record)
+        if give_up:
+            self.error = (f"the engine failed {len(self._failures)} times within {self.restart_window:g} s, "
+                          f"the last time: {message}; the server is unready for good")
+            with self._cond:
+                self._submissions.extendleft(reversed(unadmitted))
+                self._pending += sum(len(s.requests) for s in unadmitted)
+            self._shut_down(engine, EngineDeadError(self.error), "failed")
+            return None
+        with self._cond:
+            self.state = "restarting"
+        keep = {rid: (self._streams[rid], self._requests[rid]) for rid in retried}
+        self._streams, self._requests = {}, {}
+        try:
+            fresh = self.engine = self._make_engine()
+            for rid, (stream, request) in keep.items():
+                self._add(fresh, request)
+                self._streams[rid], self._requests[rid] = stream, request
+        except BaseException as e:
+            self.error = f"the engine could not be rebuilt after a failure: {type(e).__name__}: {e}"
+            self._streams.update({rid: stream for rid, (stream, _) in keep.items()})
+            self._shut_down(None, EngineDeadError(self.error), "failed")
+            return None
+        self.restarts += 1
+        with self._cond:
+            self._submissions.extendleft(reversed(unadmitted))
+            self._pending += sum(len(s.requests) for s in unadmitted)
+            self._stalled = False
+            self._stall_ids = []
+            self._engine_waiting = len(fresh.scheduler.waiting)
+            self.state = "draining" if self._draining else "ready"
+            self._cond.notify_all()
+        return fresh
+
+    @staticmethod
+    def _batch(engine: Engine, ids: list[str]) -> list[dict]:
+        """A failed step's batch: its requests' ids and token counts."""
+        out = []
+        for rid in ids:
+            r = engine.requests.get(rid)
+            if r is not None:
+                out.append({"request_id": rid, "prompt_tokens": len(r.prompt_ids),
+                            "computed_tokens": r.num_computed, "completion_tokens": len(r.output_ids)})
+        return out
+
+    def _observe_quietly(self, engine: Engine | None, outputs: list[RequestOutput]) -> None:
+        """``on_step`` for requests failed outside a normal step (the engine may be broken)."""
+        if self._on_step is None or engine is None or not outputs:
+            return
+        try:
+            self._on_step(engine, outputs)
+        except Exception:
+            pass
+
+    def _report(self, record: dict) -> None:
+        if self._on_failure is not None:
+            try:
+                self._on_failure(record)
+            except Exception:
+                pass
+
+    def _watch(self) -> None:
+        """The watchdog thread: declare the loop stalled when a step runs past ``step_timeout``."""
+        interval = min(self.step_timeout / 4, 1.0)
+        while True:
+            with self._cond:
+                if self._stopping or self.error is not None:
+                    return
+                self._cond.wait(interval)
+                started = self._step_started
+                if started is None or self._stalled or time.monotonic() - started <= self.step_timeout:
+                    continue
+                self._stalled = True
+                self.state = "stalled"
+                streams, self._streams = self._streams, {}
+                self._stall_ids = list(streams)
+                self._requests = {}
+                submissions, self._submissions = list(self._submissions), deque()
+                self._pending = 0
+            message = (f"the engine step did not return within {self.step_timeout:g} s (--step-timeout): "
+                       "the server is unready and failed every request in flight")
+            self.last_failure = message
+            error = EngineDeadError(message)
+            for s in submissions:
+                _call_soon(s.stream.loop, _settle, s.accepted, error)
+            for stream in {id(s): s for s in streams.values()}.values():
+                _call_soon(stream.loop, stream.fail, error)
+            self._report({"event": "engine_failure", "time": round(time.time(), 3), "error": message,
+                          "where": "stall", "action": "unready", "failed": sorted(streams)})
+
+    def _fail_streams(self, engine: Engine, error: StreamError) -> None:
+        """Abort every request in flight and end its stream with ``error`` (the drain timeout)."""
+        streams, self._streams, self._requests = self._streams, {}, {}
+        outputs = []
+        for rid in streams:
+            engine.abort(rid)
+            outputs.append(RequestOutput(rid, [], "", True, "abort"))
+        for stream in {id(s): s for s in streams.values()}.values():
+            _call_soon(stream.loop, stream.put, error)
+        self._observe_quietly(engine, outputs)
+        for rid in streams:
+            engine.release(rid)
+
+    def _shut_down(self, engine: Engine | None, error: EngineDeadError, state: str) -> None:
         """End every stream and pending submission with ``error``; free what the engine holds."""
         with self._cond:
             self._stopping = True
+            self.state = state
             submissions, self._submissions = list(self._submissions), deque()
             self._pending = 0
+            self._cond.notify_all()
         for s in submissions:
             _call_soon(s.stream.loop, _settle, s.accepted, error)
-        streams, self._streams = self._streams, {}
+        streams, self._streams, self._requests = self._streams, {}, {}
         for rid in streams:
             if engine is not None:
                 try:
@@ -329,4 +776,5 @@ class EngineLoop:
             _call_soon(stream.loop, stream.put, error)
 
 
-__all__ = ["EngineDeadError", "EngineLoop", "EngineRequest", "QueueFullError", "ResponseStream"]
+__all__ = ["EngineDeadError", "EngineLoop", "EngineRequest", "QueueFullError", "RequestTimeoutError",
+           "ResponseStream", "SlowConsumerError", "StreamError"]

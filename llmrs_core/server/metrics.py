@@ -19,6 +19,8 @@ buckets, so dashboards written for vLLM read ours. Every series carries the
 ``llmrs:prefix_cache_hits_total``              counter    of those, tokens found cached
 ``llmrs:request_success_total``                counter    finished requests, by ``finished_reason``
                                                           (``stop``, ``length``, ``abort``, ``error``)
+``llmrs:engine_restarts_total``                counter    fresh engines built after an engine failure
+                                                          (chapter 12.3; not a vLLM metric)
 ``llmrs:time_to_first_token_seconds``          histogram  arrival to first token, per request
 ``llmrs:inter_token_latency_seconds``          histogram  between consecutive tokens of a request
 ``llmrs:e2e_request_latency_seconds``          histogram  arrival to finish, per finished request
@@ -117,7 +119,9 @@ class ServerMetrics:
                                                token_buckets)
         self.request_generation_tokens = histogram("llmrs:request_generation_tokens",
                                                    "Tokens returned per request.", token_buckets)
+        self.engine_restarts = counter("llmrs:engine_restarts", "Fresh engines built after an engine failure.")
         self._label = {"model_name": model_name}
+        self.engine_restarts.labels(**self._label)  # exported from the start, at 0
         # the engine's cumulative counters at the last step (the Prometheus counters take the differences)
         self._engine_id: int | None = None
         self._seen = (0, 0, 0)
@@ -168,6 +172,10 @@ class ServerMetrics:
             if after > before:
                 metric.labels(**label).inc(after - before)
         self._seen = now
+
+    def observe_restart(self) -> None:
+        """The engine loop restarted with a fresh engine (chapter 12.3)."""
+        self.engine_restarts.labels(**self._label).inc()
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -193,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"--requests must be >= 1, got {args.requests}", file=sys.stderr)
         return 2
     started = time.monotonic()
-    server = ManagedServer("llmrs", lambda port: our_command(args.model, port, None, 16, args.backend), "/health")
+    server = ManagedServer("llmrs", lambda port: our_command(args.model, port, None, 16, args.backend), "/ready")
     with server as base_url:
         print(f"llmrs serve: {base_url} ({time.monotonic() - started:.1f} s to ready)")
         with Prometheus(base_url.removeprefix("http://")) as prometheus_url:

@@ -43,7 +43,8 @@ class APIError(Exception):
     """An error answer in OpenAI's shape: ``{"error": {"message", "type", "param", "code"}}``."""
 
     TYPES = {400: "invalid_request_error", 401: "invalid_request_error", 404: "invalid_request_error",
-             413: "invalid_request_error", 429: "rate_limit_error", 500: "server_error", 503: "server_error"}
+             413: "invalid_request_error", 429: "rate_limit_error", 500: "server_error", 503: "server_error",
+             408: "timeout_error", 504: "timeout_error"}
 
     def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
                  headers: Mapping[str, str] | None = None):

@@ -106,9 +106,23 @@ class RequestObserver:
         if self.log_prompts:
             line["prompt"] = ctx.prompt
             line["output"] = engine.completion(out.request_id).text
+        self._write(line)
+
+    def log_event(self, line: dict) -> None:
+        """One JSON line that is not a request's (an engine failure, chapter 12.3): to the log,
+        or to stderr when there is none — an operator must see it either way."""
+        if self.log is None:
+            print(json.dumps(line, ensure_ascii=False, default=str), file=sys.stderr, flush=True)
+        else:
+            self._write(line)
+
+    def _write(self, line: dict) -> None:
+        if self.log is None:
+            return
         try:
-            self.log.write(json.dumps(line, ensure_ascii=False, default=str) + "\n")
-            self.log.flush()
+            with self._lock:  # the watchdog thread writes too
+                self.log.write(json.dumps(line, ensure_ascii=False, default=str) + "\n")
+                self.log.flush()
         except (OSError, ValueError) as e:  # a closed or broken log stream must not stop the engine loop
             self.log = None
             print(f"llmrs: request log disabled, writing it failed: {type(e).__name__}: {e}", file=sys.stderr)

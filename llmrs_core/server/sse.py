@@ -7,8 +7,10 @@ The framing, as OpenAI's API, vLLM and llama.cpp's server send it:
   then each piece of new text is a chunk (``delta: {"content": ...}`` for chat, ``text``
   for completions); a choice ends with a chunk that has its ``finish_reason`` and no text;
 * with ``stream_options.include_usage``, one last chunk with ``"choices": []`` carries ``usage``;
-* a request that fails in the engine (finish reason ``"error"``), or an engine loop
-  that dies, sends ``data: {"error": {...}}``;
+* a request that fails in the engine (finish reason ``"error"``), or a stream that
+  ends early (:class:`~.loop.StreamError`: the engine loop died or is draining, a
+  deadline passed, the client read too slowly), sends ``data: {"error": {...}}``
+  with the HTTP status as its ``code``;
 * the stream always ends with ``data: [DONE]\\n\\n``.
 
 The text pieces come from the engine's :class:`~llmrs_core.output.OutputStream`:
@@ -22,7 +24,7 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 
 from ..logprobs import TokenLogprob
-from .loop import EngineDeadError, ResponseStream
+from .loop import ResponseStream, StreamError
 from .protocol import (
     TextOffsets,
     TokenBytes,
@@ -122,8 +124,8 @@ async def sse_events(
                 final = response(info.kind, info.response_id, info.created, info.model, [],
                                  usage(info.prompt_tokens, completion_tokens))
                 yield sse_event(final)
-    except EngineDeadError as e:
-        yield sse_event(error_body(str(e), "server_error", code=503))
+    except StreamError as e:  # the engine loop died (503), a deadline (504), a slow reader (408)
+        yield sse_event(error_body(str(e), "server_error", code=e.status))
     finally:
         if stream.unfinished:
             abort(stream.unfinished)
@@ -143,7 +145,7 @@ class _Choice:
 async def collect(stream: ResponseStream, info: StreamInfo) -> dict:
     """The whole answer of a non-streamed request, as a dict in OpenAI's shape.
 
-    Raises :class:`EngineDeadError`, or ``RuntimeError`` with the engine's message if a
+    Raises :class:`~.loop.StreamError`, or ``RuntimeError`` with the engine's message if a
     request failed in the engine (the handler answers 500).
     """
     parts = {index: _Choice([]) for index in set(info.choice_of.values())}

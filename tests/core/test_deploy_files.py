@@ -53,12 +53,13 @@ def test_dockerignore_lets_in_only_what_the_image_needs():
     assert not any(x.startswith("!") and (".venv" in x or ".git" in x) for x in lines)
 
 
-def test_kubernetes_deployment_has_probes_on_health_and_resources():
+def test_kubernetes_deployment_probes_readiness_on_ready_liveness_on_health_and_has_resources():
     deployment = yaml.safe_load((DEPLOY / "k8s" / "deployment.yaml").read_text())
     assert deployment["kind"] == "Deployment"
     (container,) = deployment["spec"]["template"]["spec"]["containers"]
-    for probe in ("readinessProbe", "livenessProbe"):
-        assert container[probe]["httpGet"]["path"] == "/health", probe
+    assert container["readinessProbe"]["httpGet"]["path"] == "/ready"  # 503 while loading, draining, failed
+    assert container["startupProbe"]["httpGet"]["path"] == "/ready"
+    assert container["livenessProbe"]["httpGet"]["path"] == "/health"  # 503 only when wedged
     assert {"cpu", "memory"} <= set(container["resources"]["requests"])
     assert {"cpu", "memory"} <= set(container["resources"]["limits"])
     service = yaml.safe_load((DEPLOY / "k8s" / "service.yaml").read_text())

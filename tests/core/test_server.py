@@ -275,6 +275,7 @@ def test_models_tokenize_detokenize(server, tiny):
 
 def test_health_and_metrics(server):
     assert server.http.get("/health").json() == {"status": "ok"}
+    assert server.http.get("/ready").json() == {"status": "ready"}
     server.client.completions.create(model="tiny", prompt="count me", max_tokens=4, temperature=0)
     text = server.http.get("/metrics").text
     for name in ("llmrs:num_requests_running", "llmrs:num_requests_waiting", "llmrs:kv_cache_usage_perc",
@@ -387,7 +388,7 @@ def test_a_body_over_the_limit_is_413(tiny):
         assert r.status_code == 413 and "error" in r.json()
 
 
-def test_api_key_guards_v1_but_not_health_or_metrics(tiny):
+def test_api_key_guards_v1_but_not_health_ready_or_metrics(tiny):
     app, background = live(tiny, api_key="sekrit")
     with background as url:
         Live(app, url)
@@ -400,6 +401,7 @@ def test_api_key_guards_v1_but_not_health_or_metrics(tiny):
         keyed = openai.OpenAI(base_url=url + "/v1", api_key="sekrit", max_retries=0, timeout=WAIT)
         assert keyed.completions.create(model="tiny", prompt="x", max_tokens=1).choices[0].finish_reason
         assert httpx.get(url + "/health").status_code == 200
+        assert httpx.get(url + "/ready").status_code == 200
         assert httpx.get(url + "/metrics").status_code == 200
 
 
@@ -552,7 +554,7 @@ def test_a_burst_over_max_queue_gets_429_with_retry_after(tiny):
         s.assert_no_request_state()
 
 
-def test_an_engine_loop_that_dies_turns_health_503_and_ends_streams_with_an_error(tiny):
+def test_an_engine_step_that_raises_ends_its_stream_with_an_error_and_the_loop_restarts(tiny):
     app, background = live(tiny)
     with background as url:
         s = Live(app, url)
@@ -571,7 +573,43 @@ def test_an_engine_loop_that_dies_turns_health_503_and_ends_streams_with_an_erro
         with s.http.stream("POST", "/v1/completions", json=body) as response:
             events = sse_lines(response)
         assert "error" in json.loads(events[-2]) and "simulated" in events[-2]
-        health = s.http.get("/health")
-        assert health.status_code == 503 and "MemoryError" in health.json()["error"]
+        deadline = time.monotonic() + WAIT
+        while s.loop.restarts < 1 or s.loop.state != "ready":  # a fresh engine (its step is the real one)
+            assert time.monotonic() < deadline, "the engine loop did not restart"
+            time.sleep(0.01)
+        assert s.loop.engine is not engine and s.metric("llmrs:engine_restarts_total") == 1
+        ready = s.http.get("/ready")
+        assert ready.status_code == 200 and "MemoryError" not in ready.text
+        r = s.client.completions.create(model="tiny", prompt="hello", max_tokens=4, temperature=0)
+        assert r.choices[0].text == alone(tiny, "hello", 4).text
+        s.assert_no_request_state()
+
+
+class Fatal(BaseException):
+    """Not an Exception: the loop cannot recover from it."""
+
+
+def test_an_engine_loop_that_dies_turns_health_and_ready_503_and_ends_streams_with_an_error(tiny):
+    app, background = live(tiny)
+    with background as url:
+        s = Live(app, url)
+        engine = s.loop.engine
+        real_step = engine.step
+        calls = []
+
+        def step():
+            calls.append(1)
+            if len(calls) > 3:
+                raise Fatal("simulated")
+            return real_step()
+
+        engine.step = step
+        body = {"model": "tiny", "prompt": "doomed", "max_tokens": 50, "stream": True, "ignore_eos": True}
+        with s.http.stream("POST", "/v1/completions", json=body) as response:
+            events = sse_lines(response)
+        assert "error" in json.loads(events[-2]) and "simulated" in events[-2]
+        for path in ("/health", "/ready"):
+            answer = s.http.get(path)
+            assert answer.status_code == 503 and "Fatal" in answer.json()["error"], path
         with pytest.raises(openai.InternalServerError):
             s.client.completions.create(model="tiny", prompt="x", max_tokens=1)

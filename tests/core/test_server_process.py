@@ -47,7 +47,7 @@ def process(tmp_path):
         while True:
             assert proc.poll() is None, proc.stdout.read()
             try:
-                if httpx.get(url + "/health", timeout=1).status_code == 200:
+                if httpx.get(url + "/ready", timeout=1).status_code == 200:
                     break
             except httpx.TransportError:
                 pass
