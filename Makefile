@@ -13,6 +13,7 @@
 #   make notebooks             re-run the notebooks so their stored outputs are current
 #   make observe               a real Prometheus scrapes llmrs serve; checks it agrees with the responses
 #   make container             build the image (deploy/Dockerfile); make container-test runs and checks it
+#   make container-test-learner   Exercise 12.6: your entrypoint in that image, built and run
 #
 # Set-up is idempotent: a stamp file records that .venv matches pyproject.toml,
 # so a second run installs nothing.
@@ -33,7 +34,7 @@ SINGLE_THREAD := OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 .DEFAULT_GOAL := help
 .PHONY: help setup lab demo fetch test test-solutions test-gpu gpu-check test-engine test-portable check-stubs nbval lint format \
         test-chapter test-exercise progress reset check-env notebooks bench bench-tokenizer bench-throughput bench-serve clean \
-        observe container container-test
+        observe container container-test container-test-learner
 
 # `make test-chapter 1`: the chapter number arrives as a goal of its own;
 # take it as N and give it an empty rule so make does not try to build it.
@@ -219,6 +220,13 @@ container: fetch
 container-test: setup
 	@deploy/need.sh buildah:buildah
 	@$(PY) deploy/container_test.py $(or $(IMAGE),localhost/llmrs:latest)
+
+# Exercise 12.6: chapters/ch12_production/Dockerfile built on that image with your exercises.py
+# (IMPL=solutions: ours) and run with buildah: a bad environment must stop it, a good one serve
+container-test-learner: setup
+	@deploy/need.sh buildah:buildah
+	@LLMRS_CONTAINER_TESTS=1 LLMRS_IMAGE=$(or $(IMAGE),localhost/llmrs:latest) $(PYTEST) \
+	  tests/ch12/test_ex12_6_container.py -q --no-header --tb=short --impl $(IMPL)
 
 # encode speed of our tokenizer against Hugging Face tokenizers (chapter 2)
 bench-tokenizer: fetch

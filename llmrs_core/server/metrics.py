@@ -43,13 +43,26 @@ is called in the engine-loop thread after each iteration: it reads the engine
 (``Engine.request_metrics``, the scheduler's queues, the block pool, the prefix
 cache's counters) and updates the metrics; ``prometheus_client`` metrics are
 thread-safe, so ``/metrics`` reads them from the event loop.
+
+By default TTFT, inter-token gaps and the token counters are observed as the
+tokens come (a dashboard sees a long request's tokens before it ends).
+:meth:`ServerMetrics.record_at_finish` hands each request that finished with
+``stop`` or ``length`` to one function instead, called once with the
+request's timings (:class:`RequestMetricSet`, :class:`FinishedRequestRecorder`;
+:func:`record_finished_request` is the engine's). Exercise 12.7 plugs the
+learner's in there; the scrape gives the same totals either way.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from ..engine import Engine, RequestOutput
+from ..engine.engine import RequestMetrics
 
 # vLLM's buckets (vllm/v1/metrics/loggers.py)
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
@@ -74,6 +87,53 @@ def build_1_2_5_buckets(max_value: int) -> tuple[int, ...]:
                 return tuple(buckets)
             buckets.append(mantissa * scale)
         scale *= 10
+
+
+@dataclass(frozen=True)
+class RequestMetricSet:
+    """The metrics one finished request goes into: ``prometheus_client`` series with their labels
+    already applied, so ``counter.inc(n)`` and ``histogram.observe(x)`` are all a recorder calls.
+    Times are in seconds (the ``_seconds`` in the names), token counts are plain counts."""
+
+    prompt_tokens: Counter  # llmrs:prompt_tokens_total
+    generation_tokens: Counter  # llmrs:generation_tokens_total
+    time_to_first_token: Histogram  # llmrs:time_to_first_token_seconds
+    inter_token_latency: Histogram  # llmrs:inter_token_latency_seconds
+    e2e_request_latency: Histogram  # llmrs:e2e_request_latency_seconds
+    request_queue_time: Histogram  # llmrs:request_queue_time_seconds
+    request_prefill_time: Histogram  # llmrs:request_prefill_time_seconds
+    request_decode_time: Histogram  # llmrs:request_decode_time_seconds
+    request_prompt_tokens: Histogram  # llmrs:request_prompt_tokens
+    request_generation_tokens: Histogram  # llmrs:request_generation_tokens
+
+
+class FinishedRequestRecorder(Protocol):
+    """Records one request that finished with ``stop`` or ``length``, once, into ``metrics``.
+
+    ``timing``: the engine's :class:`~llmrs_core.engine.RequestMetrics` (``perf_counter`` seconds;
+    ``token_times`` has one entry per *sampled* token, including an end-of-turn token that ended
+    the request, which the client never sees); ``prompt_tokens``: the prompt's length;
+    ``output_token_ids``: the tokens returned to the client (the usage's ``completion_tokens``).
+    """
+
+    def __call__(self, metrics: RequestMetricSet, timing: RequestMetrics, prompt_tokens: int,
+                 output_token_ids: Sequence[int]) -> None: ...
+
+
+def record_finished_request(metrics: RequestMetricSet, timing: RequestMetrics, prompt_tokens: int,
+                            output_token_ids: Sequence[int]) -> None:
+    """The engine's :class:`FinishedRequestRecorder`: every per-request series of one finished request."""
+    metrics.prompt_tokens.inc(prompt_tokens)
+    metrics.generation_tokens.inc(len(output_token_ids))
+    metrics.time_to_first_token.observe(timing.ttft)
+    for gap in timing.itl:  # one per pair of consecutive sampled tokens
+        metrics.inter_token_latency.observe(gap)
+    metrics.e2e_request_latency.observe(timing.e2e)
+    metrics.request_queue_time.observe(timing.queue_time)
+    metrics.request_prefill_time.observe(timing.prefill_time)
+    metrics.request_decode_time.observe(timing.decode_time)
+    metrics.request_prompt_tokens.observe(prompt_tokens)
+    metrics.request_generation_tokens.observe(len(output_token_ids))
 
 
 class ServerMetrics:
@@ -125,6 +185,22 @@ class ServerMetrics:
         # the engine's cumulative counters at the last step (the Prometheus counters take the differences)
         self._engine_id: int | None = None
         self._seen = (0, 0, 0)
+        self._recorder: FinishedRequestRecorder | None = None
+
+    def record_at_finish(self, recorder: FinishedRequestRecorder | None) -> None:
+        """From now on, hand each request finished with ``stop`` or ``length`` to ``recorder`` (once,
+        at its finish) instead of observing its tokens as they come; ``None``: back to streaming.
+        Requests aborted or failed still count their tokens here (they have no complete phases)."""
+        self._recorder = recorder
+
+    def request_metric_set(self) -> RequestMetricSet:
+        """This server's per-request series, labelled, for a :class:`FinishedRequestRecorder`."""
+        label = self._label
+        return RequestMetricSet(
+            self.prompt_tokens.labels(**label), self.generation_tokens.labels(**label), self.ttft.labels(**label),
+            self.itl.labels(**label), self.e2e.labels(**label), self.queue_time.labels(**label),
+            self.prefill_time.labels(**label), self.decode_time.labels(**label),
+            self.request_prompt_tokens.labels(**label), self.request_generation_tokens.labels(**label))
 
     def observe_step(self, engine: Engine, outputs: list[RequestOutput]) -> None:
         """Update from one engine-loop iteration (runs in the loop thread, before finished
@@ -136,7 +212,12 @@ class ServerMetrics:
         held = set().union(*engine.cache.tables.values())  # blocks in some request's table
         self.kv_usage.labels(**label).set(len(held) / engine.cache.allocator.num_blocks)
         self._observe_engine_counters(engine)
+        recorder = self._recorder
         for out in outputs:
+            if recorder is not None:
+                if out.finished:
+                    self._finish_with(recorder, engine, out)
+                continue
             self.generation_tokens.labels(**label).inc(len(out.new_token_ids))
             m = engine.request_metrics(out.request_id)
             if out.finish_reason not in ("abort", "error") and m.token_times:
@@ -149,6 +230,18 @@ class ServerMetrics:
                 self.success.labels(**label, finished_reason=out.finish_reason).inc()
                 if out.finish_reason in COMPLETE:
                     self._observe_finished(engine, out.request_id)
+
+    def _finish_with(self, recorder: FinishedRequestRecorder, engine: Engine, out: RequestOutput) -> None:
+        label = self._label
+        request = engine.requests[out.request_id]
+        timing = engine.request_metrics(out.request_id)
+        self.success.labels(**label, finished_reason=out.finish_reason).inc()
+        if out.finish_reason in COMPLETE:
+            recorder(self.request_metric_set(), timing, len(request.prompt_ids), tuple(request.output_ids))
+        else:  # what the streaming path counts for an aborted or failed request
+            self.generation_tokens.labels(**label).inc(len(request.output_ids))
+            if request.output_ids:
+                self.prompt_tokens.labels(**label).inc(len(request.prompt_ids))
 
     def _observe_finished(self, engine: Engine, request_id: str) -> None:
         label = self._label
@@ -181,5 +274,5 @@ class ServerMetrics:
         return generate_latest(self.registry)
 
 
-__all__ = ["COMPLETE", "ITL_BUCKETS", "REQUEST_LATENCY_BUCKETS", "TTFT_BUCKETS", "ServerMetrics",
-           "build_1_2_5_buckets"]
+__all__ = ["COMPLETE", "ITL_BUCKETS", "REQUEST_LATENCY_BUCKETS", "TTFT_BUCKETS", "FinishedRequestRecorder",
+           "RequestMetricSet", "ServerMetrics", "build_1_2_5_buckets", "record_finished_request"]
