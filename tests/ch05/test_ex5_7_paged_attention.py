@@ -2,7 +2,12 @@
 
 References: the contiguous cache and plain attention (the paged versions must
 give the same numbers), and the allocator's invariants, checked by hypothesis
-on random sequences of append / fork / free.
+on random sequences of append / fork / free. The audit, one test per likely
+mistake: blocks taken before a boundary (off by one); a reserve that is not all
+or nothing; no copy-on-write, or one that does not copy the keys; a gather
+without the ``n_new`` just written; paged attention that ignores the table, drops
+the last position or the causal mask; shared blocks counted twice in the
+fragmentation.
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ from hypothesis import strategies as st
 
 import llmrs_core as llmrs
 from llmrs_core.attention import scaled_dot_product_attention
-from llmrs_core.testing import float32_tolerance, tiny_llama_config, write_tiny_llama
+from llmrs_core.testing import assert_matches, float32_tolerance, tiny_llama_config, write_tiny_llama
 
 TINY = tiny_llama_config()
 
@@ -74,40 +79,108 @@ def test_ex5_7_blocks_are_taken_on_block_boundaries(ex):
 
 
 def test_ex5_7_running_out_is_a_clean_typed_error(ex):
-    cache = ex.PagedKVCache(TINY, num_blocks=2, block_size=4)
+    cache = ex.PagedKVCache(TINY, num_blocks=3, block_size=4)
     cache.add_sequence("a")
-    fill(cache, "a", 6, 1.0)
-    assert not cache.can_append("a", 3)
+    fill(cache, "a", 6, 1.0)  # 2 blocks; 1 is free
+    assert not cache.can_append("a", 7), "6 + 7 = 13 tokens take 4 blocks: 2 more, and only 1 is free"
     before = (list(cache.tables["a"]), cache.lengths["a"], cache.allocator.num_free)
     with pytest.raises(ex.OutOfBlocksError) as e:
-        cache.reserve("a", 3)
+        cache.reserve("a", 7)
     assert (list(cache.tables["a"]), cache.lengths["a"], cache.allocator.num_free) == before, (
-        "a failed reserve must leave the cache unchanged"
+        "a failed reserve must leave the cache unchanged: count the blocks needed first, and raise before "
+        f"allocating any (table {before[0]} became {cache.tables['a']})"
     )
-    assert e.value.needed == 1 and e.value.free == 0
-    assert cache.can_append("a", 2)
+    assert (e.value.needed, e.value.free) == (2, 1), (
+        f"OutOfBlocksError(needed, free) should say 2 needed, 1 free; yours {e.value.needed}, {e.value.free}"
+    )
+    assert cache.can_append("a", 6), "6 + 6 = 12 tokens fit in 3 blocks"
 
 
-def test_ex5_7_fork_shares_and_copies_on_write(ex):
+def forked(ex):
+    """A parent of 6 tokens (a full block and a half-full one) and its fork."""
     cache = ex.PagedKVCache(TINY, num_blocks=8, block_size=4)
     cache.add_sequence("parent")
-    fill(cache, "parent", 6, 1.0)  # blocks: full + half full
+    fill(cache, "parent", 6, 1.0)
     cache.fork("parent", "child")
-    assert cache.tables["child"] == cache.tables["parent"], "a fork shares the blocks"
-    assert all(cache.allocator.ref_counts[b] == 2 for b in cache.tables["parent"])
+    return cache
+
+
+def test_ex5_7_fork_shares_every_block(ex):
+    cache = forked(ex)
+    assert cache.tables["child"] == cache.tables["parent"], "a fork shares the blocks: the same table"
+    assert cache.lengths["child"] == 6, f"a fork has its parent's length (6); yours {cache.lengths['child']}"
+    counts = [cache.allocator.ref_counts[b] for b in cache.tables["parent"]]
+    assert counts == [2, 2], f"after a fork both blocks have 2 holders (incref each); their counts are {counts}"
+
+
+def test_ex5_7_a_shared_partial_block_is_copied_on_write(ex):
+    cache = forked(ex)
     used = cache.allocator.num_used
     fill(cache, "child", 1, 2.0)  # writes into the shared, half-full block
     assert cache.tables["child"][0] == cache.tables["parent"][0], "full blocks stay shared"
-    assert cache.tables["child"][1] != cache.tables["parent"][1], "the partial block must be copied"
-    assert cache.allocator.num_used == used + 1
+    assert cache.tables["child"][1] != cache.tables["parent"][1], (
+        "the child wrote into the half-full block it shares with its parent: reserve must first copy it "
+        "(copy-on-write: a fresh block, the same K/V, one reference fewer on the old one)"
+    )
+    assert cache.allocator.num_used == used + 1, "copy-on-write takes exactly one fresh block"
     k_parent, _ = cache.gather(0, "parent")
-    k_child, _ = cache.gather(0, "child")
     assert np.all(k_parent == 1.0), "the parent's keys must not change when the child writes"
-    assert np.all(k_child[:6] == 1.0) and np.all(k_child[6] == 2.0), "the child keeps the shared prefix"
+
+
+def test_ex5_7_copy_on_write_copies_the_keys(ex):
+    cache = forked(ex)
+    fill(cache, "child", 1, 2.0)
+    k_child, _ = cache.gather(0, "child")
+    assert np.all(k_child[:6] == 1.0), (
+        "after copy-on-write the child reads back wrong keys for its first 6 positions: copy the old block's K and V "
+        "(every layer) into the fresh block before writing"
+    )
+    assert np.all(k_child[6] == 2.0), "the child's new token must read back as written"
+
+
+def test_ex5_7_free_drops_only_its_own_references(ex):
+    cache = forked(ex)
     cache.free("parent")
-    assert cache.allocator.ref_counts[cache.tables["child"][0]] == 1, "free drops only parent's references"
+    counts = [cache.allocator.ref_counts[b] for b in cache.tables["child"]]
+    assert counts == [1, 1], f"freeing the parent leaves the child's blocks with 1 holder each; counts {counts}"
+    assert "parent" not in cache.tables and "parent" not in cache.lengths, "free forgets the table and the length"
     cache.free("child")
-    assert cache.allocator.num_free == 8
+    assert cache.allocator.num_free == 8, "every block returns when both are freed"
+
+
+def test_ex5_7_gather_includes_the_new_tokens(ex):
+    cache = ex.PagedKVCache(TINY, num_blocks=8, block_size=4)
+    cache.add_sequence("a")
+    fill(cache, "a", 5, 1.0)
+    cache.reserve("a", 2)
+    kv = np.full((2, TINY.n_kv_heads, TINY.head_dim), 2.0, dtype=np.float32)
+    cache.write(0, "a", kv, kv)
+    k, _ = cache.gather(0, "a", 2)
+    assert k.shape[0] != 5, (
+        "gather(layer, seq, n_new=2) returned the 5 stored positions only: it covers 0 .. lengths[seq] + n_new - 1, "
+        "so the 2 tokens just written are attended too"
+    )
+    assert k.shape == (7, TINY.n_kv_heads, TINY.head_dim), f"gather returns [Tk, Hkv, D] = (7, 2, 8); got {k.shape}"
+    assert k[:, 0, 0].tolist() == [1.0] * 5 + [2.0] * 2, "gather must read positions 0..6 in order through the table"
+
+
+def attention_through(q, k_pool, v_pool, blocks, seq_len, causal=True):
+    """The reference's attention over positions 0..seq_len-1 of the pool's ``blocks``, read one by one."""
+    block_size = k_pool.shape[2]
+    k = np.concatenate([k_pool[b].transpose(1, 0, 2) for b in blocks])[:seq_len]
+    v = np.concatenate([v_pool[b].transpose(1, 0, 2) for b in blocks])[:seq_len]
+    assert k.shape[0] == seq_len, f"{len(blocks)} blocks of {block_size} hold fewer than {seq_len} positions"
+    return scaled_dot_product_attention(q, k, v, causal=causal)
+
+
+def paged_variants(q, k_pool, v_pool, table, seq_len):
+    """``(description, output)``: attention with each known paged-attention mistake."""
+    return [
+        ("with the pool's blocks 0, 1, 2 ... instead of the table's (block_table[p // block_size])",
+         attention_through(q, k_pool, v_pool, range(len(table)), seq_len)),
+        ("over seq_len - 1 positions (the last key left out)", attention_through(q, k_pool, v_pool, table, seq_len - 1)),
+        ("without the causal mask", attention_through(q, k_pool, v_pool, table, seq_len, causal=False)),
+    ]
 
 
 def test_ex5_7_paged_attention_equals_contiguous(ex):
@@ -117,15 +190,14 @@ def test_ex5_7_paged_attention_equals_contiguous(ex):
     v_pool = rng.standard_normal((n_blocks, hkv, block_size, d)).astype(np.float32)
     table = [7, 2, 10, 5]  # scattered physical blocks
     seq_len = 14
-    k = np.concatenate([k_pool[b].transpose(1, 0, 2) for b in table])[:seq_len]
-    v = np.concatenate([v_pool[b].transpose(1, 0, 2) for b in table])[:seq_len]
     for tq in (1, 3):
         q = rng.standard_normal((tq, 9, d)).astype(np.float32)
         got = ex.paged_attention(q, k_pool, v_pool, table, seq_len)
-        want = scaled_dot_product_attention(q, k, v)
         # sums of d = 16 products (scores of order 1) and of seq_len weighted values
-        atol = float32_tolerance(max(d, seq_len)) * np.abs(want).max()
-        np.testing.assert_allclose(got, want, rtol=0, atol=atol)
+        assert_matches(got, attention_through(q, k_pool, v_pool, table, seq_len),
+                       paged_variants(q, k_pool, v_pool, table, seq_len),
+                       what=f"your paged_attention ({tq} queries over {seq_len} positions)",
+                       axes=("query", "head", "dim"), tol=float32_tolerance(max(d, seq_len), depth=2))
     with pytest.raises(ValueError):
         ex.paged_attention(q, k_pool, v_pool, table, 17)
 
@@ -139,9 +211,9 @@ def test_ex5_7_the_model_runs_on_paged_sequences(ex, tiny_net):
             outs[s].append(tiny_net.forward([10 + step], cache.sequence(s)))
     for s, p in prompts.items():
         want = tiny_net.forward(p + [10 + i for i in range(5)])
-        atol = float32_tolerance(tiny_net.config) * np.abs(want).max()  # same sums, other orders
-        np.testing.assert_allclose(np.concatenate(outs[s]), want, rtol=0, atol=atol,
-                                   err_msg=f"sequence {s}: paged decoding must equal the full forward")
+        assert_matches(np.concatenate(outs[s]), want, what=f"sequence {s}'s logits decoded on your paged cache",
+                       axes=("token", "vocab entry"), tol=float32_tolerance(tiny_net.config),  # same sums, other orders
+                       note=" — they must equal the full forward's")
 
 
 def test_ex5_7_memory_accounting(ex):
