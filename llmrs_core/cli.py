@@ -13,6 +13,8 @@
     llmrs serve [MODEL] [--host 127.0.0.1] [--port 8000]   chapter 11 (the `serve` extra)
     llmrs bench serve [--base-url URL | --compare] [--max-concurrency 1,4,16 | --request-rate R]
                                                       chapter 11: load on a server, vLLM's method
+    llmrs ab serve --variant NAME=MODEL[:backend][@weight] ...   chapter 12: an A/B router over variants
+    llmrs ab report --variant NAME=MODEL ... --log FILE          chapter 12: quality, latency, cost, decided
     llmrs cost BENCH.json... [--instance NAME] [--utilisation 0.6]  chapter 12: $ per million tokens
 """
 
@@ -594,6 +596,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-request-log", action="store_true",
                    help="write no JSON line per finished request on stdout (default: one per request)")
     p.set_defaults(func=cmd_serve)
+
+    from .ab.cli import add_ab_parser
+
+    add_ab_parser(sub)  # llmrs ab serve|load|report (chapter 12)
     return parser
 
 

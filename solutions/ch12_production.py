@@ -33,3 +33,24 @@ def le_buckets(bounds: Sequence[float], values: Sequence[float]) -> list[tuple[f
 
 
 # -- Exercise 12.8 ----------------------------------------------------------------------
+
+from llmrs_core.ab.assign import assign as _assign  # noqa: E402
+from llmrs_core.ab.stats import bootstrap_diff_ci as _bootstrap_diff_ci  # noqa: E402
+from llmrs_core.ab.stats import mann_whitney_u as _mann_whitney_u  # noqa: E402
+
+__all__ += ["assign_variant", "bootstrap_diff_ci", "mann_whitney_u"]
+
+
+def assign_variant(user: str, weights: dict[str, float], salt: str = "") -> str:
+    return _assign(user, weights, salt)
+
+
+def mann_whitney_u(x: list[float], y: list[float]) -> tuple[float, float]:
+    result = _mann_whitney_u(x, y)
+    return result.u, result.p_value
+
+
+def bootstrap_diff_ci(a: list[float], b: list[float], confidence: float = 0.95, n_resamples: int = 2000,
+                      seed: int = 0) -> tuple[float, float]:
+    ci = _bootstrap_diff_ci(a, b, confidence=confidence, n_resamples=n_resamples, seed=seed)
+    return ci.low, ci.high

@@ -108,3 +108,47 @@ def le_buckets(bounds: Sequence[float], values: Sequence[float]) -> list[tuple[f
 
 # -- Exercise 12.8: an A/B testing pipeline -----------------------------------------
 # (section 12.8)
+
+__all__ += ["assign_variant", "bootstrap_diff_ci", "mann_whitney_u"]
+
+
+def assign_variant(user: str, weights: dict[str, float], salt: str = "") -> str:
+    """The variant (a key of ``weights``) that ``user`` sees: weighted and sticky.
+
+    Sticky: the answer depends on ``user`` and ``salt`` only, and is the same in every
+    process (so not Python's ``hash()``, which changes with ``PYTHONHASHSEED``).
+    Weighted: over many users, variant ``k`` gets a share ``weights[k] / sum(weights)``;
+    a weight of 0 is never chosen. Weights that are negative, or that sum to 0, raise
+    ``ValueError``. A different ``salt`` splits the same users independently.
+    """
+    raise NotImplementedError(
+        "Exercise 12.8 `assign_variant`: not implemented yet — see ch12_production.ipynb §12.8"
+    )
+
+
+def mann_whitney_u(x: list[float], y: list[float]) -> tuple[float, float]:
+    """``(U, p)``: the Mann-Whitney U statistic of ``x`` [n_x] against ``y`` [n_y], and its two-sided p-value.
+
+    U counts the pairs (x_i, y_j) with x_i > y_j, a tie counting 1/2 (equivalently
+    R_x - n_x (n_x + 1) / 2, R_x the sum of x's ranks in the pooled sample, ties
+    given the mean of their ranks). The p-value: the normal approximation, mean
+    n_x n_y / 2, variance n_x n_y / 12 * ((n + 1) - sum(t^3 - t) / (n (n - 1))) over the
+    groups of t tied values, and a continuity correction of 1/2 towards the mean.
+    """
+    raise NotImplementedError(
+        "Exercise 12.8 `mann_whitney_u`: not implemented yet — see ch12_production.ipynb §12.8"
+    )
+
+
+def bootstrap_diff_ci(a: list[float], b: list[float], confidence: float = 0.95, n_resamples: int = 2000,
+                      seed: int = 0) -> tuple[float, float]:
+    """``(low, high)``: a percentile bootstrap confidence interval of ``mean(b) - mean(a)``.
+
+    ``a`` [n_a] and ``b`` [n_b] are independent samples. Each of ``n_resamples`` rounds
+    draws n_a values from ``a`` and n_b from ``b`` with replacement and records the
+    difference of their means; the interval is that distribution's (1 - confidence) / 2
+    and (1 + confidence) / 2 quantiles. Use ``np.random.default_rng(seed)``.
+    """
+    raise NotImplementedError(
+        "Exercise 12.8 `bootstrap_diff_ci`: not implemented yet — see ch12_production.ipynb §12.8"
+    )

@@ -1,0 +1,42 @@
+"""A/B testing of model variants (chapter 12, section 12.4; Exercise 12.8).
+
+One idea per module:
+
+* :mod:`.assign` — weighted, sticky assignment of a request's ``user`` to a variant (a hash);
+* :mod:`.variants` — the variants as the command line names them (``NAME=MODEL[:backend][@weight]``);
+* :mod:`.record` — the router's request log: one JSON line per request (TTFT, TPOT, tokens);
+* :mod:`.metrics` — the router's Prometheus metrics, with a ``variant`` label;
+* :mod:`.stats` — bootstrap CI of a difference, Mann-Whitney U, sample sizes, the verdict;
+* :mod:`.quality` — offline quality of a variant: log-likelihood of a held-out text, greedy
+  agreement with the transformers goldens;
+* :mod:`.load` — a small load of users through the router, to fill its request log;
+* :mod:`.report` — ``llmrs ab report``: quality, latency and cost of the variants, decided;
+* :mod:`.launch` — ``llmrs ab serve``: one ``llmrs serve`` per variant, and the router.
+
+The router itself is :mod:`llmrs_core.server.router` (it needs the ``serve`` extra).
+"""
+
+from .assign import assign, check_weights, user_bucket, user_hash
+from .stats import (
+    Comparison,
+    Interval,
+    MannWhitney,
+    bootstrap_diff_ci,
+    compare,
+    mann_whitney_u,
+    sample_size_means,
+)
+
+__all__ = [
+    "Comparison",
+    "Interval",
+    "MannWhitney",
+    "assign",
+    "bootstrap_diff_ci",
+    "check_weights",
+    "compare",
+    "mann_whitney_u",
+    "sample_size_means",
+    "user_bucket",
+    "user_hash",
+]

@@ -1,0 +1,240 @@
+"""The statistics of an A/B test (chapter 12, section 12.4): is B different from A, and by how much?
+
+Three tools, each with its assumptions stated:
+
+* :func:`bootstrap_diff_ci` — a percentile bootstrap confidence interval of
+  ``stat(B) - stat(A)`` (Efron & Tibshirani, *An Introduction to the
+  Bootstrap*, ch. 13): resample each group with replacement (or, ``paired``,
+  the pairs together), recompute the difference, take the percentiles. No
+  shape assumed for the distributions; it assumes the samples are
+  independent draws (tokens of one text are not quite: see the report).
+* :func:`mann_whitney_u` — the Mann-Whitney U test (rank-sum) for latencies,
+  whose distributions are skewed and long-tailed, so a t-test's normality is
+  a poor assumption. Midranks for ties, the normal approximation with the
+  tie-corrected variance and a continuity correction; two-sided. The same
+  statistic and p-value as ``scipy.stats.mannwhitneyu(x, y,
+  method="asymptotic")``.
+* :func:`sample_size_means` / :func:`sample_size_mann_whitney` — how many
+  observations per group detect a difference ``effect`` with standard
+  deviation ``sd`` at significance ``alpha`` and ``power``:
+  ``n = 2 (z_{1-alpha/2} + z_{power})^2 sd^2 / effect^2`` (per group, two
+  groups; ``paired``: one group of differences, without the 2), and for the
+  rank test that ``n`` over its asymptotic relative efficiency, 3/pi, against
+  the t-test on normal data (Lehmann, *Nonparametrics*, ch. 2).
+
+:func:`compare` runs them on two samples and says what the data support,
+including "not enough data" when that is the truth.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from statistics import NormalDist
+
+import numpy as np
+
+#: below this many observations per group the normal approximation of U (and a bootstrap) says little
+MIN_N = 8
+_N = NormalDist()
+
+
+def _sample(x: Sequence[float] | np.ndarray, name: str) -> np.ndarray:
+    a = np.asarray(x, dtype=np.float64).ravel()
+    if a.size == 0:
+        raise ValueError(f"{name} is empty: a comparison needs observations in both groups")
+    if not np.isfinite(a).all():
+        raise ValueError(f"{name} holds {int((~np.isfinite(a)).sum())} values that are NaN or infinite")
+    return a
+
+
+@dataclass(frozen=True)
+class Interval:
+    """A point estimate of ``stat(B) - stat(A)`` and its bootstrap confidence interval."""
+
+    estimate: float
+    low: float
+    high: float
+    confidence: float
+
+    @property
+    def excludes_zero(self) -> bool:
+        return self.low > 0 or self.high < 0
+
+
+def bootstrap_diff_ci(a: Sequence[float], b: Sequence[float], *, stat: Callable[[np.ndarray], float] = np.mean,
+                      paired: bool = False, confidence: float = 0.95, n_resamples: int = 2000,
+                      seed: int = 0) -> Interval:
+    """Percentile bootstrap CI of ``stat(b) - stat(a)``.
+
+    ``a``: [n_a], ``b``: [n_b] observations. ``paired``: ``a[i]`` and ``b[i]`` belong
+    together (the same token scored by both models), n_a == n_b, and the pairs are
+    resampled together (for the mean, that is the mean of the differences). ``stat``
+    maps a 1-D array to a number (``np.mean``, ``np.median``).
+    """
+    a, b = _sample(a, "a"), _sample(b, "b")
+    if not 0 < confidence < 1:
+        raise ValueError(f"confidence must be between 0 and 1, got {confidence}")
+    if n_resamples < 100:
+        raise ValueError(f"n_resamples must be at least 100, got {n_resamples}")
+    rng = np.random.default_rng(seed)
+    if paired:
+        if a.size != b.size:
+            raise ValueError(f"paired samples must have the same length, got {a.size} and {b.size}")
+        estimate = float(stat(b) - stat(a))
+        idx = rng.integers(0, a.size, size=(n_resamples, a.size))
+        diffs = np.array([stat(b[i]) - stat(a[i]) for i in idx])
+    else:
+        estimate = float(stat(b) - stat(a))
+        ia = rng.integers(0, a.size, size=(n_resamples, a.size))
+        ib = rng.integers(0, b.size, size=(n_resamples, b.size))
+        diffs = np.array([stat(b[j]) - stat(a[i]) for i, j in zip(ia, ib)])
+    tail = (1 - confidence) / 2
+    low, high = np.quantile(diffs, [tail, 1 - tail])
+    return Interval(estimate, float(low), float(high), confidence)
+
+
+@dataclass(frozen=True)
+class MannWhitney:
+    """``u``: the U statistic of the first sample (how many pairs (x, y) have x > y, ties
+    counting 1/2); ``p_value``: two-sided; ``z``: the standardised statistic;
+    ``effect``: u / (n_x n_y), the probability that an x exceeds a y (0.5: no difference)."""
+
+    u: float
+    p_value: float
+    z: float
+    effect: float
+
+
+def midranks(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Ranks 1..n of ``values`` [n], tied values sharing the mean of their ranks; and the size of
+    each group of ties [groups]."""
+    order = np.argsort(values, kind="mergesort")
+    sorted_v = values[order]
+    starts = np.flatnonzero(np.r_[True, sorted_v[1:] != sorted_v[:-1]])
+    sizes = np.diff(np.r_[starts, values.size])
+    mean_rank = starts + (sizes + 1) / 2  # ranks start + 1 .. start + size
+    ranks = np.empty(values.size)
+    ranks[order] = np.repeat(mean_rank, sizes)
+    return ranks, sizes
+
+
+def mann_whitney_u(x: Sequence[float], y: Sequence[float]) -> MannWhitney:
+    """Two-sided Mann-Whitney U test of ``x`` [n_x] against ``y`` [n_y] (normal approximation,
+    tie-corrected variance, continuity correction). All values tied: no evidence, p = 1."""
+    x, y = _sample(x, "x"), _sample(y, "y")
+    n1, n2 = x.size, y.size
+    ranks, ties = midranks(np.concatenate([x, y]))
+    u1 = float(ranks[:n1].sum() - n1 * (n1 + 1) / 2)
+    n = n1 + n2
+    mu = n1 * n2 / 2
+    tie_term = float((ties.astype(np.float64) ** 3 - ties).sum())
+    var = n1 * n2 / 12 * ((n + 1) - tie_term / (n * (n - 1))) if n > 1 else 0.0
+    if var <= 0:
+        return MannWhitney(u1, 1.0, 0.0, u1 / (n1 * n2))
+    # the larger of U1 and U2 = n1 n2 - U1, moved half a step towards the mean
+    z = (max(u1, n1 * n2 - u1) - mu - 0.5) / math.sqrt(var)
+    p = min(1.0, max(0.0, 2 * (1 - _N.cdf(z))))
+    return MannWhitney(u1, p, z, u1 / (n1 * n2))
+
+
+def _z(alpha: float, power: float) -> float:
+    if not 0 < alpha < 1:
+        raise ValueError(f"alpha must be between 0 and 1, got {alpha}")
+    if not 0 < power < 1:
+        raise ValueError(f"power must be between 0 and 1, got {power}")
+    return _N.inv_cdf(1 - alpha / 2) + _N.inv_cdf(power)
+
+
+def sample_size_means(sd: float, effect: float, alpha: float = 0.05, power: float = 0.8,
+                      paired: bool = False) -> int:
+    """Observations per group to detect a difference of means ``effect`` (same units as ``sd``)
+    with a two-sided test at ``alpha`` and ``power`` (normal approximation). ``paired``: the
+    number of pairs, ``sd`` being the differences' standard deviation."""
+    if not (effect > 0 and math.isfinite(effect)):
+        raise ValueError(f"effect must be a positive number, got {effect}")
+    if not (sd >= 0 and math.isfinite(sd)):
+        raise ValueError(f"sd must be a finite number >= 0, got {sd}")
+    groups = 1 if paired else 2
+    return max(2, math.ceil(groups * (_z(alpha, power) * sd / effect) ** 2))
+
+
+def sample_size_mann_whitney(sd: float, effect: float, alpha: float = 0.05, power: float = 0.8) -> int:
+    """:func:`sample_size_means` over the rank test's efficiency 3/pi (normal data; for heavier
+    tails than the normal the rank test needs fewer, so this errs on the safe side there)."""
+    return math.ceil(sample_size_means(sd, effect, alpha, power) / (3 / math.pi))
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """What two samples say about ``B - A``: see :func:`compare`."""
+
+    metric: str
+    n_a: int
+    n_b: int
+    a: float  # stat of A
+    b: float  # stat of B
+    difference: Interval | None
+    p_value: float | None
+    test: str
+    effect_of_interest: float
+    n_needed: int | None
+    verdict: str  # "B higher", "B lower", "no difference", "not enough data"
+    reason: str
+
+    def as_dict(self) -> dict:
+        d = asdict(self)
+        return d
+
+
+def compare(metric: str, a: Sequence[float], b: Sequence[float], *, effect_of_interest: float,
+            paired: bool = False, stat: Callable[[np.ndarray], float] = np.median, alpha: float = 0.05,
+            power: float = 0.8, seed: int = 0) -> Comparison:
+    """Compare ``b`` with ``a`` on ``metric``: the bootstrap CI of ``stat(b) - stat(a)`` at
+    1 - ``alpha``, a p-value (Mann-Whitney U unpaired; the bootstrap's unpaired p is not
+    reported, ``paired`` gives the paired CI only), and the sample size that would detect
+    ``effect_of_interest`` (in the metric's units).
+
+    The verdict: "not enough data" below :data:`MIN_N` per group, or when the CI holds 0
+    and the samples are smaller than the size needed; "B higher"/"B lower" when the CI
+    excludes 0 (and, unpaired, p < alpha); otherwise "no difference" (none as large as
+    ``effect_of_interest``, with the power asked for).
+    """
+    a_, b_ = _sample(a, f"{metric} of A"), _sample(b, f"{metric} of B")
+    n_a, n_b = a_.size, b_.size
+    stat_a, stat_b = float(stat(a_)), float(stat(b_))
+    if min(n_a, n_b) < MIN_N:
+        return Comparison(metric, n_a, n_b, stat_a, stat_b, None, None, "none", effect_of_interest, None,
+                          "not enough data", f"{min(n_a, n_b)} observations in the smaller group; "
+                          f"the tests need at least {MIN_N}")
+    ci = bootstrap_diff_ci(a_, b_, stat=stat, paired=paired, confidence=1 - alpha, seed=seed)
+    if paired:
+        p, test = None, f"paired bootstrap of the {stat.__name__} difference"
+        n_needed = sample_size_means(float(np.std(b_ - a_, ddof=1)), effect_of_interest, alpha, power, paired=True)
+        have = n_a
+    else:
+        mw = mann_whitney_u(b_, a_)
+        p, test = mw.p_value, f"Mann-Whitney U (two-sided) and bootstrap CI of the {stat.__name__} difference"
+        sd = math.sqrt((np.var(a_, ddof=1) + np.var(b_, ddof=1)) / 2)
+        n_needed = sample_size_mann_whitney(sd, effect_of_interest, alpha, power)
+        have = min(n_a, n_b)
+    significant = ci.excludes_zero and (p is None or p < alpha)
+    if significant:
+        verdict = "B higher" if ci.estimate > 0 else "B lower"
+        reason = f"the {ci.confidence:.0%} CI of B - A, [{ci.low:.4g}, {ci.high:.4g}], excludes 0"
+        if p is not None:
+            reason += f"; p = {p:.3g}"
+    elif have < n_needed:
+        verdict = "not enough data"
+        reason = (f"no significant difference with {have} per group; detecting a difference of "
+                  f"{effect_of_interest:.4g} needs about {n_needed}")
+    else:
+        verdict = "no difference"
+        reason = (f"the CI [{ci.low:.4g}, {ci.high:.4g}] holds 0 with {have} per group, enough to detect "
+                  f"{effect_of_interest:.4g} with power {power:.0%}")
+    return Comparison(metric, n_a, n_b, stat_a, stat_b, ci, p, test, effect_of_interest, n_needed, verdict, reason)
+
+
+__all__ = ["MIN_N", "Comparison", "Interval", "MannWhitney", "bootstrap_diff_ci", "compare", "mann_whitney_u",
+           "midranks", "sample_size_mann_whitney", "sample_size_means"]
