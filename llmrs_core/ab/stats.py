@@ -196,10 +196,11 @@ def compare(metric: str, a: Sequence[float], b: Sequence[float], *, effect_of_in
     reported, ``paired`` gives the paired CI only), and the sample size that would detect
     ``effect_of_interest`` (in the metric's units).
 
-    The verdict: "not enough data" below :data:`MIN_N` per group, or when the CI holds 0
-    and the samples are smaller than the size needed; "B higher"/"B lower" when the CI
-    excludes 0 (and, unpaired, p < alpha); otherwise "no difference" (none as large as
-    ``effect_of_interest``, with the power asked for).
+    The verdict: "B higher"/"B lower" when the CI excludes 0 and, unpaired, p < alpha;
+    "not enough data" below :data:`MIN_N` per group, when the CI and the U test disagree,
+    or when neither finds a difference with fewer observations than it takes to detect
+    ``effect_of_interest``; otherwise "no difference" (none as large as the effect of
+    interest, with the power asked for).
     """
     a_, b_ = _sample(a, f"{metric} of A"), _sample(b, f"{metric} of B")
     n_a, n_b = a_.size, b_.size
@@ -225,6 +226,11 @@ def compare(metric: str, a: Sequence[float], b: Sequence[float], *, effect_of_in
         reason = f"the {ci.confidence:.0%} CI of B - A, [{ci.low:.4g}, {ci.high:.4g}], excludes 0"
         if p is not None:
             reason += f"; p = {p:.3g}"
+    elif ci.excludes_zero or (p is not None and p < alpha):
+        verdict = "not enough data"
+        reason = (f"the tests disagree: the CI [{ci.low:.4g}, {ci.high:.4g}] "
+                  f"{'excludes' if ci.excludes_zero else 'holds'} 0, Mann-Whitney p = {p:.3g}; "
+                  f"about {n_needed} per group (have {have}) would detect {effect_of_interest:.4g}")
     elif have < n_needed:
         verdict = "not enough data"
         reason = (f"no significant difference with {have} per group; detecting a difference of "
