@@ -1,7 +1,12 @@
 """Exercise 6.6 — Implementing INT4 Quantization.
 
 References: values computed by hand below, and llama.cpp's gguf-py for the
-Q4_0 / Q4_1 block bytes (they must be identical).
+Q4_0 / Q4_1 block bytes (they must be identical). Wrong bytes or values are
+compared with the engine's quantiser and dequantiser (equal to llama.cpp's)
+computed with each known mistake, so the message names the one they match. The
+audit, one test per likely mistake: the scale from max instead of absmax (or
+over 128); swapped nibbles; no sign extension; Q4 nibbles in pack_int4's order;
+Q4_1's d over 16 steps; the Q4_0 offset or Q4_1's m forgotten.
 """
 
 from __future__ import annotations
@@ -9,16 +14,34 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from llmrs_core.quant import dequant, ggml_blocks
+from llmrs_core.testing import assert_matches, plant
+
 gguf = pytest.importorskip("gguf")
+
+
+def test_ex6_6_symmetric_scale_is_absmax_over_qmax(ex):
+    x = np.array([-1.27, 0.0, 0.5, 1.0], dtype=np.float32)
+    q = ex.quantize_int(x, bits=8)
+    scale = np.asarray(q.scales)
+    assert scale.shape == (), f"one scale per tensor: shape (), got {scale.shape}"
+    assert float(scale) != pytest.approx(1.0 / 127), (
+        f"scale {float(scale):.6g} = max(x) / 127: the symmetric scale comes from the largest *magnitude*, "
+        "max|x| = 1.27 here (the most negative value), so that no value is clipped"
+    )
+    assert float(scale) != pytest.approx(1.27 / 128), (
+        f"scale {float(scale):.6g} = max|x| / 128: symmetric int8 codes go from -127 to 127, so divide by qmax = 127"
+    )
+    assert float(scale) == pytest.approx(0.01), f"max|x| = 1.27 over qmax = 127: scale 0.01; yours {float(scale):.6g}"
 
 
 def test_ex6_6_symmetric_int8_by_hand(ex):
     x = np.array([-1.27, 0.0, 0.5, 1.0], dtype=np.float32)
     q = ex.quantize_int(x, bits=8)
     # max |x| = 1.27 -> scale 0.01; codes = rint(x / 0.01)
-    assert q.scales.shape == () and q.scales == pytest.approx(0.01)
-    assert q.codes.tolist() == [-127, 0, 50, 100] and q.codes.dtype == np.int8
-    assert q.zero_points is None
+    assert q.codes.tolist() == [-127, 0, 50, 100], f"codes rint(x / 0.01) are [-127, 0, 50, 100]; yours {q.codes.tolist()}"
+    assert q.codes.dtype == np.int8, f"symmetric codes are int8, got {q.codes.dtype}"
+    assert q.zero_points is None, "the symmetric scheme has no zero points (None)"
     np.testing.assert_allclose(q.dequantize(), x, atol=0.005 + 1e-7)
 
 
@@ -67,12 +90,26 @@ def test_ex6_6_zeros_and_bad_input(ex):
 def test_ex6_6_nibble_packing(ex):
     codes = np.array([1, 2, 15, 0], dtype=np.uint8)
     packed = ex.pack_int4(codes)
-    assert packed.tolist() == [0x21, 0x0F], "element 2i in the low nibble, 2i+1 in the high nibble"
+    assert np.asarray(packed).tolist() != [0x12, 0xF0], (
+        "pack_int4([1, 2, 15, 0]) gave [0x12, 0xF0]: the nibbles are swapped — element 2i goes in the low "
+        "nibble of byte i, 2i + 1 in the high nibble: [0x21, 0x0F]"
+    )
+    assert np.asarray(packed).tolist() == [0x21, 0x0F], "element 2i in the low nibble, 2i+1 in the high nibble"
     np.testing.assert_array_equal(ex.unpack_int4(packed, signed=False), codes)
-    signed = np.array([-8, 7, -1, 0], dtype=np.int8)
-    np.testing.assert_array_equal(ex.unpack_int4(ex.pack_int4(signed), signed=True), signed)
     with pytest.raises(ValueError):
         ex.pack_int4(np.array([1, 2, 3], dtype=np.uint8))
+
+
+def test_ex6_6_unpack_sign_extends(ex):
+    signed = np.array([-8, 7, -1, 0], dtype=np.int8)
+    back = np.asarray(ex.unpack_int4(ex.pack_int4(signed), signed=True))
+    assert back.tolist() != [8, 7, 15, 0], (
+        "unpack_int4(..., signed=True) gave the raw nibbles [8, 7, 15, 0]: sign-extend them, 8..15 -> -8..-1 "
+        "(two's complement in 4 bits)"
+    )
+    assert back.tolist() == signed.tolist() and back.dtype == np.int8, (
+        f"signed codes {signed.tolist()} packed and unpacked came back as {back.tolist()} ({back.dtype}); expected int8"
+    )
 
 
 DATA = {
@@ -83,16 +120,96 @@ DATA = {
 }
 
 
+def interleaved_nibbles(q: np.ndarray) -> np.ndarray:
+    return (q[:, 0::2] | (q[:, 1::2] << 4)).astype(np.uint8)
+
+
+def swapped_nibbles(q: np.ndarray) -> np.ndarray:
+    return (q[:, 16:] | (q[:, :16] << 4)).astype(np.uint8)
+
+
+INTERLEAVED = "with elements 2i and 2i + 1 in byte i (pack_int4's order) instead of elements j and j + 16"
+SWAPPED = "with the nibbles swapped (element j in the high nibble, j + 16 in the low)"
+
+
+def block_variants(kind: str, x: np.ndarray) -> list[tuple[str, np.ndarray]]:
+    """``(description, bytes)``: the engine's quantiser (equal to llama.cpp's) with each known mistake."""
+    ref = getattr(ggml_blocks, f"quantize_{kind}")
+    out = [(INTERLEAVED, plant(ref, _pack_nibbles=interleaved_nibbles)(x)),
+           (SWAPPED, plant(ref, _pack_nibbles=swapped_nibbles)(x))]
+    if kind == "q4_0":
+        out += [
+            ("with m the largest value (max) instead of the value of largest magnitude, with its sign",
+             plant(ref, ("np.abs(blocks).argmax(axis=1)", "blocks.argmax(axis=1)"))(x)),
+            ("with d = max|x| / 8 (the magnitude without its sign, so d is never negative)",
+             plant(ref, ("d = biggest / np.float32(-8)", "d = np.abs(biggest) / np.float32(8)"))(x)),
+            ("rounding with np.rint(x / d) + 8 instead of trunc(x / d + 8.5)",
+             plant(ref, ("np.trunc(blocks * _inverse(d) + np.float32(8.5))", "np.rint(blocks * _inverse(d)) + 8"))(x)),
+        ]
+    else:
+        out += [
+            ("with d = (max - min) / 16 instead of / 15 (15 steps between codes 0 and 15)",
+             plant(ref, ("d = (hi - lo) / np.float32(15)", "d = (hi - lo) / np.float32(16)"))(x)),
+            ("rounding with np.rint instead of trunc(... + 0.5)",
+             plant(ref, ("np.trunc((blocks - lo) * _inverse(d) + np.float32(0.5))", "np.rint((blocks - lo) * _inverse(d))"))(x)),
+        ]
+    return out
+
+
+def first_block_difference(ours: np.ndarray, theirs: np.ndarray, kind: str) -> str:
+    """Where two byte arrays of blocks first differ, in the block's own fields."""
+    size, header = (18, 2) if kind == "q4_0" else (20, 4)
+    a, b = ours.reshape(-1, size), theirs.reshape(-1, size)
+    block = int(np.flatnonzero((a != b).any(axis=1))[0])
+    byte = int(np.flatnonzero(a[block] != b[block])[0])
+    if byte < header:
+        field = "d" if byte < 2 else "m"
+        at = 0 if field == "d" else 2
+        mine, want = (float(r[block, at : at + 2].view(np.float16)[0]) for r in (a, b))
+        return f"block {block}: its fp16 {field} is {mine:.6g}, llama.cpp's {want:.6g}"
+    j = byte - header
+    return (f"block {block}: nibble byte {j} (elements {j} and {j + 16}) is 0x{a[block, byte]:02x}, "
+            f"llama.cpp's 0x{b[block, byte]:02x}")
+
+
 @pytest.mark.parametrize("kind", ["q4_0", "q4_1"])
 @pytest.mark.parametrize("name", DATA)
 def test_ex6_6_ggml_blocks_match_llamacpp(ex, kind, name):
     x = DATA[name]
     qtype = gguf.GGMLQuantizationType.Q4_0 if kind == "q4_0" else gguf.GGMLQuantizationType.Q4_1
-    ours = getattr(ex, f"quantize_{kind}")(x)
+    ours = np.asarray(getattr(ex, f"quantize_{kind}")(x))
     theirs = gguf.quants.quantize(x, qtype)
     assert ours.shape == theirs.shape, f"{kind}: {ours.shape} bytes, reference {theirs.shape}"
-    if not np.array_equal(ours, theirs):
-        block = int(np.flatnonzero((ours != theirs).reshape(-1, 18 if kind == "q4_0" else 20).any(axis=1))[0])
-        pytest.fail(f"{kind} ({name}): block {block} differs from llama.cpp's bytes")
-    back = getattr(ex, f"dequantize_{kind}")(ours)
-    np.testing.assert_array_equal(back, gguf.quants.dequantize(theirs, qtype).reshape(-1))
+    if np.array_equal(ours, theirs):
+        return
+    for description, variant in block_variants(kind, x):
+        if np.array_equal(ours, variant) and not np.array_equal(variant, theirs):
+            pytest.fail(f"your {kind} bytes ({name}) equal llama.cpp's computed {description}", pytrace=False)
+    pytest.fail(f"your {kind} bytes ({name}) differ from llama.cpp's; first at {first_block_difference(ours, theirs, kind)}",
+                pytrace=False)
+
+
+def dequant_variants(kind: str, raw: np.ndarray) -> list[tuple[str, np.ndarray]]:
+    """``(description, values)``: the engine's dequantiser with each known mistake."""
+    ref = getattr(dequant, f"dequantize_{kind}")
+
+    def interleaved(qs):
+        return np.stack([qs & 0x0F, qs >> 4], axis=-1).reshape(len(qs), 32)
+
+    out = [("reading elements 2i and 2i + 1 from byte i (pack_int4's order) instead of elements j and j + 16",
+            plant(ref, unpack_nibbles=interleaved)(raw))]
+    if kind == "q4_0":
+        out.append(("without the offset: d * q instead of d * (q - 8)", plant(ref, (" - np.int8(8)", ""))(raw)))
+    else:
+        out.append(("without m: d * q instead of d * q + m", plant(ref, (" + fp16_field(b, 2)", ""))(raw)))
+    return out
+
+
+@pytest.mark.parametrize("kind", ["q4_0", "q4_1"])
+@pytest.mark.parametrize("name", DATA)
+def test_ex6_6_dequantize_matches_llamacpp(ex, kind, name):
+    qtype = gguf.GGMLQuantizationType.Q4_0 if kind == "q4_0" else gguf.GGMLQuantizationType.Q4_1
+    raw = gguf.quants.quantize(DATA[name], qtype)
+    back = getattr(ex, f"dequantize_{kind}")(raw)
+    assert_matches(back, gguf.quants.dequantize(raw, qtype).reshape(-1), dequant_variants(kind, raw),
+                   what=f"your dequantize_{kind} ({name})", axes=("element",), tol=0.0)
