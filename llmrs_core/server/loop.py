@@ -216,9 +216,8 @@ class ResponseStream:
         if not self._open:
             self.close()
             raise StopAsyncIteration
-        item = self._queue.get_nowait() if self._error is None and not self._queue.empty() else None
-        if item is None and self._error is None:
-            item = await self._queue.get()
+        if self._error is None:
+            item = await self._queue.get()  # no suspension when an item is waiting
         if self._error is not None:
             self._open.clear()
             raise self._error

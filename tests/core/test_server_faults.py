@@ -418,3 +418,39 @@ def test_sigterm_during_a_burst_drains_and_exits_0(tiny_path):
             proc.kill()
             proc.wait(WAIT)
         proc.stderr.close()
+
+
+# -- loading, and bad settings ---------------------------------------------------------------------
+
+
+def test_while_loading_the_server_is_alive_but_not_ready(model):
+    faults = inject_faults(model, stall_at=1, stall_s=WAIT)
+    faults.warm_up_sizes = (1,)  # warming up runs one forward pass: pass 1, which blocks
+    app = create_app(model, served_model_name="tiny", warm_up=True)
+    with BackgroundServer(app, wait_ready=False) as url:
+        try:
+            deadline = time.monotonic() + WAIT
+            while not faults.stalling.is_set():
+                assert time.monotonic() < deadline, "the warm-up did not start"
+                time.sleep(0.01)
+            health, ready = httpx.get(url + "/health", timeout=WAIT), httpx.get(url + "/ready", timeout=WAIT)
+            assert health.status_code == 200 and health.json() == {"status": "loading"}
+            assert ready.status_code == 503 and ready.json() == {"status": "loading"}
+        finally:
+            faults.release()
+        assert app.state.engine_loop.ready.wait(WAIT)
+        assert httpx.get(url + "/ready", timeout=WAIT).json() == {"status": "ready"}
+
+
+@pytest.mark.parametrize("flag, value, says", [
+    ("--request-timeout", "0", "--request-timeout must be > 0 seconds"),
+    ("--step-timeout", "-1", "--step-timeout must be > 0 seconds"),
+    ("--stream-buffer", "0", "--stream-buffer must be at least 1"),
+    ("--max-engine-restarts", "-1", "--max-engine-restarts must be at least 0"),
+])
+def test_bad_fault_settings_are_one_clear_line(tiny_path, capsys, flag, value, says):
+    from llmrs_core import cli
+
+    assert cli.main(["serve", str(tiny_path), "--backend", "numpy", flag, value]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("llmrs serve: error:") and says in err and err.count("\n") == 1, err
