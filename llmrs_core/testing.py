@@ -335,6 +335,38 @@ def random_q4(rows: int, cols: int, seed: int = 0):
     return pack_affine_q4(codes, d, m, "random"), dense
 
 
+def q4_matvec_variants(w: Any, x: np.ndarray) -> list[tuple[str, np.ndarray]]:
+    """``(description, W x)`` in float64: the product of a 4-bit matrix ``w`` (a ``"q4"``
+    :class:`~llmrs_core.kernels.cpu.packing.PackedMatrix`) with ``x [cols]`` as a kernel with
+    each known mistake computes it (chapter 8): nibbles swapped or in pack_int4's order, the
+    ``m * sum(x)`` term left out, the output rows in lane-major order. For :func:`diagnose`.
+    """
+    from .kernels.cpu.naive import row_major
+    from .kernels.cpu.packing import LANES
+
+    qs, d, m = row_major(w)  # [rows, nb, 16] bytes (element j low, j + 16 high), [rows, nb] scales
+    lo, hi = (qs & 15).astype(np.float64), (qs >> 4).astype(np.float64)
+    xb = np.asarray(x, dtype=np.float64).reshape(-1, 32)  # [nb, 32]
+
+    def product(x_lo: np.ndarray, x_hi: np.ndarray, offsets: bool = True) -> np.ndarray:
+        s = (lo * x_lo).sum(-1) + (hi * x_hi).sum(-1)  # [rows, nb]
+        return (d * s + (m * xb.sum(-1) if offsets else 0.0)).sum(-1)
+
+    right = product(xb[:, :16], xb[:, 16:])
+    groups = -(-w.rows // LANES)
+    padded = np.zeros(groups * LANES)
+    padded[: w.rows] = right
+    return [
+        ("with the nibbles swapped (the low nibble of byte j times x[32 b + 16 + j], the high one times x[32 b + j])",
+         product(xb[:, 16:], xb[:, :16])),
+        ("with the nibbles in pack_int4's order (byte j holding elements 2j and 2j + 1, not j and j + 16)",
+         product(xb[:, 0::2], xb[:, 1::2])),
+        ("without the offsets: d * sum(q x) but no m * sum(x) per block", product(xb[:, :16], xb[:, 16:], False)),
+        ("with the rows in the wrong order (output lane * groups + g instead of row 32 g + lane)",
+         padded.reshape(groups, LANES).T.reshape(-1)[: w.rows]),
+    ]
+
+
 def where(index: tuple[int, ...], axes: tuple[str, ...]) -> str:
     """``(3, 1, 7)``, ``("query", "head", "dim")`` -> ``"query 3, head 1, dim 7"``."""
     return ", ".join(f"{a} {i}" for a, i in zip(axes, index))

@@ -1,5 +1,12 @@
 """Exercise 8.6 — SIMD Matrix Multiplication: a single-threaded Numba Q4 matvec over the
-interleaved layout, checked against the dequantised product and by reading its assembly."""
+interleaved layout, checked against the dequantised product and by reading its assembly.
+
+A wrong product is compared with the product computed with each known kernel mistake
+(:func:`llmrs_core.testing.q4_matvec_variants`: nibbles swapped or in pack_int4's order,
+no ``m * sum(x)``, rows in the wrong order), so the message names the one it matches.
+The other likely mistakes have a test each: the padding rows not sliced away, input
+not converted to contiguous float32, no fastmath, a loop order that does not vectorise.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +16,13 @@ from numba.core.registry import CPUDispatcher
 
 from llmrs_core.kernels.cpu.inspect import assembly, packed_fma_unavailable, vector_summary
 from llmrs_core.kernels.cpu.packing import LANES, pack_q8
-from llmrs_core.testing import float32_tolerance, normalised_error, random_q4
+from llmrs_core.testing import (
+    assert_matches,
+    float32_tolerance,
+    normalised_error,
+    q4_matvec_variants,
+    random_q4,
+)
 
 # (rows, cols): whole groups of 32 rows, rows that leave padding, one block, a SmolLM2 shape
 SHAPES = [(32, 32), (64, 96), (100, 64), (7, 320), (1536, 576)]
@@ -35,12 +48,10 @@ def test_ex8_6_matches_the_dequantised_product(ex, rows, cols):
            else "")
     )
     assert y.dtype == np.float32, f"the result should be float32, got {y.dtype}"
-    err, tolerance = normalised_error(y, dense @ x.astype(np.float64)), float32_tolerance(cols)
-    assert err <= tolerance, (
-        f"[{rows}, {cols}]: max |yours - x @ W.T| / max |x @ W.T| = {err:.2e} > {tolerance:.2g}. "
-        "Per block: d * sum(q * x) + m * sum(x); the low nibble of byte j goes with x[32 b + j], "
-        "the high nibble with x[32 b + 16 + j]; row 32 g + lane is lane `lane` of group g."
-    )
+    assert_matches(y, dense @ x.astype(np.float64), q4_matvec_variants(w, x), what=f"your q4_matvec_simd [{rows}, {cols}]",
+                   axes=("row",), tol=float32_tolerance(cols),
+                   note=". Per block: d * sum(q * x) + m * sum(x); the low nibble of byte j goes with x[32 b + j], "
+                   "the high nibble with x[32 b + 16 + j]; row 32 g + lane is lane `lane` of group g.")
 
 
 def test_ex8_6_kernel_returns_every_lane(ex, compiled):

@@ -1,0 +1,131 @@
+"""Chapter 8's tests name each known mistake: proven by planting it.
+
+As for chapter 3 (test_diagnose_ch03.py): each mistake is planted in a copy of
+the solution — the engine's Q4 kernel (``kernels.cpu.matmul.q4_matvec``) or its
+profiler (``profiling.profile_forward``) recompiled from its source with one edit
+(:func:`llmrs_core.testing.plant`) — and the chapter 8 test named after the
+mistake must fail with its own message. The planted kernels run as plain Python
+(the ``@njit`` line is edited away: ``prange`` is then ``range``), on small shapes,
+so no compilation is needed.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import types
+from pathlib import Path
+
+import pytest
+
+import llmrs_core as llmrs
+from llmrs_core import profiling
+from llmrs_core.formats.ggml_types import GGMLType
+from llmrs_core.formats.gguf import TensorToWrite, write_gguf
+from llmrs_core.kernels.cpu import matmul
+from llmrs_core.quant.ggml_blocks import quantize
+from llmrs_core.testing import plant, solution_with, tiny_llama_metadata, tiny_llama_tensors
+
+CH08 = Path(__file__).resolve().parents[1] / "ch08"
+
+
+def load_tests(filename: str) -> types.ModuleType:
+    spec = importlib.util.spec_from_file_location(f"diagnosed_{filename[:-3]}", CH08 / filename)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+T86 = load_tests("test_ex8_6_simd_matvec.py")
+T87 = load_tests("test_ex8_7_parallel_matvec.py")
+T88 = load_tests("test_ex8_8_profiling.py")
+SOLUTION = solution_with(8)
+
+
+def failure(test, *args) -> str:
+    with pytest.raises((AssertionError, pytest.fail.Exception)) as e:
+        test(*args)
+    return str(e.value)
+
+
+def compiled(name, fn, *args):
+    """The chapter's ``compiled`` fixture, for kernels that need no compiling."""
+    return fn(*args)
+
+
+DECORATOR = ("@njit(parallel=True, fastmath=True, cache=True)\n", "")
+LOW = "xl0, xl1, xl2, xl3 = x[32 * b + j], x[32 * b + j + 1], x[32 * b + j + 2], x[32 * b + j + 3]"
+HIGH = ("xh0, xh1 = x[32 * b + 16 + j], x[32 * b + 17 + j]", "xh2, xh3 = x[32 * b + 18 + j], x[32 * b + 19 + j]")
+KERNEL_MISTAKES = {
+    "nibbles swapped": (
+        [(LOW, "xl0, xl1, xl2, xl3 = x[32 * b + 16 + j], x[32 * b + 17 + j], x[32 * b + 18 + j], x[32 * b + 19 + j]"),
+         (HIGH[0], "xh0, xh1 = x[32 * b + j], x[32 * b + j + 1]"), (HIGH[1], "xh2, xh3 = x[32 * b + j + 2], x[32 * b + j + 3]")],
+        "with the nibbles swapped",
+    ),
+    "no m * sum(x)": ([(" + m[g, b, lane] * xs", "")], "without the offsets: d * sum(q x) but no m * sum(x)"),
+    "rows in the wrong order": ([("out[g * lanes + lane] = acc[lane]", "out[lane * groups + g] = acc[lane]")],
+                                "with the rows in the wrong order"),
+}
+
+
+def planted_kernel(mistake: str):
+    edits, _ = KERNEL_MISTAKES[mistake]
+    return plant(matmul.q4_matvec.py_func, DECORATOR, *edits)
+
+
+@pytest.mark.parametrize("mistake", KERNEL_MISTAKES)
+def test_each_simd_kernel_mistake_gets_its_own_message(mistake):
+    ex = solution_with(8, q4_matvec_simd=plant(SOLUTION.q4_matvec_simd, q4_matvec_kernel=planted_kernel(mistake)))
+    text = failure(T86.test_ex8_6_matches_the_dequantised_product, ex, 64, 96)
+    assert KERNEL_MISTAKES[mistake][1] in text, text
+
+
+@pytest.mark.parametrize("mistake", KERNEL_MISTAKES)
+def test_each_parallel_kernel_mistake_gets_its_own_message(mistake):
+    ex = solution_with(8, parallel_matvec=plant(SOLUTION.parallel_matvec, q4_matvec_parallel=planted_kernel(mistake)))
+    text = failure(T87.test_ex8_7_matches_the_dequantised_product, ex, 100, 64, compiled)
+    assert KERNEL_MISTAKES[mistake][1] in text, text
+
+
+def test_the_unplanted_kernel_passes_as_python():
+    """The planted copies differ from the engine's kernel by their one edit only."""
+    kernel = plant(matmul.q4_matvec.py_func, DECORATOR)
+    T86.test_ex8_6_matches_the_dequantised_product(
+        solution_with(8, q4_matvec_simd=plant(SOLUTION.q4_matvec_simd, q4_matvec_kernel=kernel)), 64, 96)
+
+
+# -- Exercise 8.8 ----------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny_numba(tmp_path_factory):
+    """Exercise 8.8's test model: a tiny Llama in Q4_1 (embedding Q8_0) on the numba backend."""
+    tensors = {}
+    for name, array in tiny_llama_tensors(**T88.PARAMS, seed=12).items():
+        if array.ndim == 2:
+            kind = GGMLType.Q8_0 if name == "token_embd.weight" else GGMLType.Q4_1
+            array = TensorToWrite(array.shape, kind, quantize(array, kind).tobytes())
+        tensors[name] = array
+    path = tmp_path_factory.mktemp("ch08") / "tiny-q4_1.gguf"
+    write_gguf(path, tiny_llama_metadata(**T88.PARAMS), tensors)
+    return llmrs.load(path, backend="numba")
+
+
+WARM_UP = "    if warm_up:\n        network.forward(ids)\n"
+START = "    profiler = cProfile.Profile()\n    profiler.enable()\n"
+PROFILER_MISTAKES = {
+    "sorted by calls": ([("rows.sort(key=lambda h: h.seconds", "rows.sort(key=lambda h: h.calls")],
+                        T88.test_ex8_8_hotspots_sorted_by_own_time_with_shares, "sort by own time"),
+    "shares of the rows returned": (
+        [("return rows[:top]", "rows = rows[:top]\n    t = sum(h.seconds for h in rows)\n"
+          "    return [Hotspot(h.name, h.calls, h.seconds, h.seconds / t) for h in rows]")],
+        T88.test_ex8_8_top_and_repeat_are_checked_and_the_profiler_stops, "the top 3 functions add up to 100%"),
+    "warm-up profiled": ([(WARM_UP + START, START + WARM_UP)], T88.test_ex8_8_counts_the_profiled_passes_only,
+                         "and the warm-up pass outside the profiler"),
+}
+
+
+@pytest.mark.parametrize("mistake", PROFILER_MISTAKES)
+def test_each_profiler_mistake_gets_its_own_message(mistake, tiny_numba):
+    edits, test, message = PROFILER_MISTAKES[mistake]
+    text = failure(test, solution_with(8, profile_forward=plant(profiling.profile_forward, *edits)), tiny_numba)
+    assert message in text, text
