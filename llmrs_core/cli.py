@@ -366,7 +366,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
             if n < 1:
                 raise ValueError(f"{name} must be at least 1, got {n}")
         result = speed(args.model, backends=_backends(args.backend), pp=args.pp, tg=args.tg,
-                       repetitions=args.repetitions, threads=args.threads or 2, compare=not args.no_compare)
+                       repetitions=args.repetitions, threads=args.threads or 2, compare=not args.no_compare,
+                       int8=args.int8)
         print(json.dumps(result, indent=2) if args.json else format_speed(result))
         if args.output:
             _write_json(result, args.output)
@@ -530,6 +531,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int,
                    help="threads for every engine: Numba, BLAS, llama.cpp (speed and serve --compare: default 2)")
     p.add_argument("--no-compare", action="store_true", help="speed: skip llama.cpp even if installed")
+    p.add_argument("--int8", action="store_true",
+                   help="speed: also measure the numba backend's int8 decode path (numba+int8; AVX2)")
     p.add_argument("--requests", type=int, default=32, help="number of requests (default 32)")
     p.add_argument("--max-num-seqs", type=int, default=16, help="requests running at once (default 16)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random workload")

@@ -7,6 +7,14 @@ the 4- and 8-bit codes (``kernels.cpu.matmul``); prompt processing
 dequantises a band of rows at a time and lets BLAS multiply. The small
 operations are single-pass Numba kernels (``kernels.cpu.ops``).
 
+Int8 decode (``int8=True``): where Numba's target has AVX2
+(``kernels.cpu.int8.int8_unavailable``), steps of up to ``kernels.cpu.matmul.INT8_ROWS``
+tokens quantise the activations to 8 bits and take integer dot products, as llama.cpp
+does (``kernels.cpu.int8``); each Q4/Q8_0 matrix then also keeps a row-major copy for
+those kernels (SmolLM2: about 100 MB more). The default keeps every product on the
+float kernels, which agree with the NumPy backend to float32 rounding; the int8 path
+agrees with llama.cpp (same greedy tokens on the stored prompts) instead.
+
 Threads: ``threads`` (default: every core Numba may use) sets Numba's pool;
 BLAS is given the same number only around the prompt-processing products
 and one thread otherwise, so the two pools do not fight over cores
@@ -26,6 +34,7 @@ from numba import njit, prange
 from .. import layers
 from ..kernels.cpu import matmul as kmatmul
 from ..kernels.cpu import ops
+from ..kernels.cpu.int8 import int8_rows, int8_unavailable
 from ..kernels.cpu.packing import PackedMatrix, fuse, pack_float, pack_raw
 from ..kernels.cpu.threads import BlasThreads, describe, set_threads
 from ..rope import rope_frequencies
@@ -61,8 +70,10 @@ class NumbaBackend(Backend):
     #: one decode token (matvec kernels), a small batch (tile kernels), a long prompt (BLAS)
     warm_up_sizes = (1, kmatmul.SMALL_BATCH, kmatmul.SMALL_BATCH + 1)
 
-    def __init__(self, threads: int | None = None):
+    def __init__(self, threads: int | None = None, int8: bool = False):
         self.threads = set_threads(threads)
+        #: why decode runs on the float kernels, or None when it runs on the int8 ones
+        self.int8_reason = int8_unavailable() if int8 else "int8=False"
         self.blas = BlasThreads()
         self.blas.set(1)
         self._freqs: dict[tuple[int, float], np.ndarray] = {}
@@ -74,7 +85,7 @@ class NumbaBackend(Backend):
         # and its attention, which must not start Numba threads between BLAS calls.
         self._blas_step = n_tokens > kmatmul.SMALL_BATCH
 
-    def load_matrix(self, source: WeightSource, name: str) -> PackedMatrix:
+    def _pack(self, source: WeightSource, name: str) -> PackedMatrix:
         shape = source.tensors[name].shape
         stored = source.blocks(name)
         if stored is not None and len(shape) == 2:
@@ -83,9 +94,28 @@ class NumbaBackend(Backend):
                 return packed
         return pack_float(source.float32(name), source.tensors[name].type_name)
 
+    def load_matrix(self, source: WeightSource, name: str) -> PackedMatrix:
+        packed = self._pack(source, name)
+        if self.int8_reason is None:
+            packed.int8 = int8_rows(packed)
+        return packed
+
     def load_matrices(self, source: WeightSource, names: list[str]) -> list[PackedMatrix]:
-        parts = [self.load_matrix(source, name) for name in names]
-        return fuse(parts) or parts
+        parts = [self._pack(source, name) for name in names]
+        fused = fuse(parts)
+        if fused is None:
+            if self.int8_reason is None:
+                for p in parts:
+                    p.int8 = int8_rows(p)
+            return parts
+        whole = fused[0].fused
+        if self.int8_reason is None and whole is not None:
+            whole.int8 = int8_rows(whole)
+            if whole.int8 is not None:  # the parts' copies are views of the whole's rows
+                for p in fused:
+                    start = p.first_group * whole.qs.shape[3]
+                    p.int8 = whole.int8.row_slice(start, start + p.rows)
+        return fused
 
     def matmul_many(self, x: np.ndarray, ws: list[PackedMatrix]) -> list[np.ndarray]:
         whole = ws[0].fused
@@ -156,7 +186,8 @@ class NumbaBackend(Backend):
             self.blas.set(1)
 
     def describe(self) -> str:
-        return f"numba ({describe(self.threads)})"
+        decode = "int8 (AVX2)" if self.int8_reason is None else f"float kernels ({self.int8_reason})"
+        return f"numba ({describe(self.threads)}; decode: {decode})"
 
 
 __all__ = ["NumbaBackend"]

@@ -12,7 +12,10 @@ Each runs once to warm up (compilation, page faults, caches) and then
 ``llama-cpp-python`` is importable, llama.cpp runs the same measurements on
 the same GGUF file, with the same thread count, in the same process, and
 the ratio is reported: a ratio measured in one run is comparable across
-machines, absolute numbers are not.
+machines, absolute numbers are not. The engines take turns, one repetition
+each (pp, then tg) per round, so that a load that comes and goes on a shared
+machine falls on all of them alike. ``int8=True`` adds the numba backend's
+int8 decode path (``numba+int8``) as an engine of its own.
 """
 
 from __future__ import annotations
@@ -41,7 +44,8 @@ def blas_threads(threads: int | None):
     return threadpool_limits(limits=threads)
 
 
-def ours(model, pp: int, tg: int, repetitions: int, seed: int = 0) -> dict:
+def _our_runs(model, pp: int, tg: int, seed: int = 0):
+    """``(run_pp, run_tg)`` for one of our models."""
     net = model.network
     prompt = random_ids(np.random.default_rng(seed), net.config.vocab_size, pp)
 
@@ -54,11 +58,16 @@ def ours(model, pp: int, tg: int, repetitions: int, seed: int = 0) -> dict:
         for _ in range(tg):
             logits = net.forward([int(np.argmax(logits))], cache, last_only=True)[0]
 
+    return run_pp, run_tg
+
+
+def ours(model, pp: int, tg: int, repetitions: int, seed: int = 0) -> dict:
+    run_pp, run_tg = _our_runs(model, pp, tg, seed)
     return {"pp": _summary(pp, timings(run_pp, repetitions)), "tg": _summary(tg, timings(run_tg, repetitions))}
 
 
-def llama_cpp(path: str, pp: int, tg: int, repetitions: int, threads: int, seed: int = 0) -> dict | None:
-    """The same measurements through llama-cpp-python, or None when it is not installed."""
+def _llama_cpp_runs(path: str, pp: int, tg: int, threads: int, seed: int = 0):
+    """``(run_pp, run_tg)`` through llama-cpp-python, or None when it is not installed."""
     try:
         from llama_cpp import Llama
     except ImportError:
@@ -78,7 +87,31 @@ def llama_cpp(path: str, pp: int, tg: int, repetitions: int, threads: int, seed:
         for _ in range(tg):
             llm.eval([int(np.argmax(llm.scores[llm.n_tokens - 1]))])
 
+    return run_pp, run_tg
+
+
+def llama_cpp(path: str, pp: int, tg: int, repetitions: int, threads: int, seed: int = 0) -> dict | None:
+    """The same measurements through llama-cpp-python, or None when it is not installed."""
+    runs = _llama_cpp_runs(path, pp, tg, threads, seed)
+    if runs is None:
+        return None
+    run_pp, run_tg = runs
     return {"pp": _summary(pp, timings(run_pp, repetitions)), "tg": _summary(tg, timings(run_tg, repetitions))}
+
+
+def _interleaved(engines: dict, repetitions: int) -> dict[str, dict[str, list[float]]]:
+    """Seconds of each run: every engine warms up, then each round runs every engine's pp and tg once."""
+    times = {name: {"pp": [], "tg": []} for name in engines}
+    for run_pp, run_tg, blas in engines.values():
+        with blas_threads(blas):
+            timings(run_pp, 0)
+            timings(run_tg, 0)
+    for _ in range(repetitions):
+        for name, (run_pp, run_tg, blas) in engines.items():
+            with blas_threads(blas):
+                times[name]["pp"] += timings(run_pp, 1, warm_up=False)
+                times[name]["tg"] += timings(run_tg, 1, warm_up=False)
+    return times
 
 
 def machine() -> dict:
@@ -97,11 +130,13 @@ def machine() -> dict:
 
 
 def speed(path=None, backends: tuple[str, ...] = ("numba",), pp: int = 512, tg: int = 128,
-          repetitions: int = 5, threads: int = 2, compare: bool = True) -> dict:
+          repetitions: int = 5, threads: int = 2, compare: bool = True, int8: bool = False) -> dict:
     """pp/tg of each of our ``backends`` and, if available, of llama.cpp, on one model, in one run.
 
     Every engine uses ``threads`` threads: Numba's pool for the numba backend,
-    BLAS's for the rest, llama.cpp's own. Returns ``{"model", "threads",
+    BLAS's for the rest, llama.cpp's own. The engines take turns (see the module's
+    note); ``int8`` adds ``"numba+int8"``, the numba backend with ``int8=True``
+    (when ``"numba"`` is among ``backends``). Returns ``{"model", "threads",
     "pp_tokens", "tg_tokens", "repetitions", "machine", "backends": {name:
     {"pp": {...}, "tg": {...}, "describe": str}}, "llama_cpp": {...} or None,
     "ratio": {name: {"pp", "tg"}}}`` where each measurement is
@@ -112,16 +147,27 @@ def speed(path=None, backends: tuple[str, ...] = ("numba",), pp: int = 512, tg: 
 
     result: dict = {"model": None, "threads": threads, "pp_tokens": pp, "tg_tokens": tg,
                     "repetitions": repetitions, "machine": machine(), "backends": {}}
-    model_path = None
-    for name in backends:
-        model = load(path, backend=name, threads=threads if name == "numba" else None)
+    variants = [(name, False) for name in backends]
+    if int8 and "numba" in backends:
+        variants.insert(backends.index("numba") + 1, ("numba", True))
+    engines, described, model_path = {}, {}, None
+    for name, with_int8 in variants:
+        model = load(path, backend=name, threads=threads if name == "numba" else None, int8=with_int8)
         result["model"], model_path = model.name, model.path
-        with blas_threads(threads):
-            measured = ours(model, pp, tg, repetitions)
-        measured["describe"] = model.backend_report().splitlines()[0]
-        result["backends"][name] = measured
-        del model
-    reference = llama_cpp(model_path, pp, tg, repetitions, threads) if compare and model_path else None
+        label = name + ("+int8" if with_int8 else "")
+        engines[label] = (*_our_runs(model, pp, tg), threads)
+        described[label] = model.backend_report().splitlines()[0]
+    reference = None
+    if compare and model_path:
+        runs = _llama_cpp_runs(model_path, pp, tg, threads)
+        if runs is not None:
+            engines["llama.cpp"] = (*runs, None)
+    for name, t in _interleaved(engines, repetitions).items():
+        measured = {"pp": _summary(pp, t["pp"]), "tg": _summary(tg, t["tg"])}
+        if name == "llama.cpp":
+            reference = measured
+        else:
+            result["backends"][name] = {**measured, "describe": described[name]}
     result["llama_cpp"] = reference
     result["llama_cpp_note"] = ("measured" if reference else "skipped (--no-compare)" if not compare
                                 else "not installed (pip install llama-cpp-python to compare)")

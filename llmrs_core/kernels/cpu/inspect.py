@@ -140,6 +140,20 @@ def _target_has(cpu: str, features: str) -> dict[str, bool]:
     return {feature: bool(pattern.search(asm)) for feature, pattern in _PROBES.items()}
 
 
+def target_lacks(*features: str) -> str | None:
+    """Why Numba's target lacks ``features`` (from ``"avx2"``, ``"fma"``), or None if it has them all.
+
+    The target is the one Numba compiles for (:func:`numba_target`), probed as
+    :func:`packed_fma_unavailable` explains; a CPU that is not x86-64 lacks them all.
+    """
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return f"this CPU is {platform.machine()}, not x86-64"
+    cpu, flags, where = numba_target()
+    has = _target_has(cpu, flags)
+    missing = [f for f in features if not has[f]]
+    return f"Numba compiles for {where}, which lacks {' and '.join(missing)}" if missing else None
+
+
 def packed_fma_unavailable() -> str | None:
     """Why Numba's code cannot show packed FMAs here (the reason, for a skip), or None if it can.
 
@@ -163,4 +177,4 @@ def packed_fma_unavailable() -> str | None:
     return None
 
 
-__all__ = ["assembly", "instruction_mix", "numba_target", "packed_fma_unavailable", "vector_summary"]
+__all__ = ["assembly", "instruction_mix", "numba_target", "packed_fma_unavailable", "target_lacks", "vector_summary"]

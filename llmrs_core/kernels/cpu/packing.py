@@ -28,12 +28,16 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ...formats.ggml_types import GGMLType, type_traits
 from ...quant.dequant import q4_0_affine, q4_1_affine, q8_0_symmetric
 from ...quant.kquants import q4_k_affine, q6_k_symmetric
+
+if TYPE_CHECKING:
+    from .int8 import Int8Rows
 
 #: output rows per interleaved group: two AVX-512 (or four AVX2) float32 registers
 LANES = 32
@@ -75,6 +79,8 @@ class PackedMatrix:
     #: for a part of a fused matrix (see :func:`fuse`): the whole, and this part's first group
     fused: PackedMatrix | None = None
     first_group: int = 0
+    #: the row-major copy the int8 decode kernels read (``int8.int8_rows``), when the backend made one
+    int8: Int8Rows | None = None
 
     @property
     def nbytes(self) -> int:

@@ -1,0 +1,333 @@
+"""The int8 decode path: activations quantised to 8 bits, integer dot products (chapter 8, "int8").
+
+llama.cpp's CPU decode does not multiply 4-bit weights by float
+activations. It quantises ``x`` first, per block of 32 values, as Q8_1
+keeps it: a scale ``d_x = max|x| / 127``, int8 codes ``q_x = round(x / d_x)``
+(halves away from zero, ggml's ``roundf``) and ``s_x = d_x * sum(q_x)``. Then
+per block of weights ``w = d_w q_w + m_w`` (the Q4 form) or ``w = d_w q_w``
+(Q8_0)::
+
+    w_b . x_b  ~  d_w d_x (q_w . q_x) + m_w s_x
+
+where ``q_w . q_x`` is a dot product of integers, exact in int32 and two
+AVX2 instructions per 32 weights (the intrinsics below). What it costs: each
+activation moves by up to half its block's step ``d_x / 2`` (a relative
+error of about 1/254 of the block's largest value), which is llama.cpp's
+level of agreement, not the float kernels' 1e-6.
+
+The kernels read a row-major copy of each matrix (:class:`Int8Rows`, made
+from a :class:`~.packing.PackedMatrix` at load): a row's blocks lie one after
+the other, as in the GGUF file, so that one 16-byte load holds a block's 32
+codes for ``vpmaddubsw``. The interleaved layout the float kernels read
+puts 32 *rows* side by side instead, which suits float lanes but not byte
+pairs. The copy takes 24 bytes per 32 weights in the Q4 form (16 of codes,
+float32 ``d`` and ``m``) and 36 for Q8_0, as much again as the interleaved
+layout; decode reads only the copy, prompt processing only the interleaved one.
+
+:func:`int8_unavailable` is the dispatch: the int8 kernels exist only for
+x86-64 targets with AVX2, and are compiled only when it returns None.
+
+Shapes: ``x [T, cols]`` float32; ``xq [T, cols]`` int8, ``xd``, ``xs``
+``[T, cols / 32]`` float32; output ``[T, rows]`` float32.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from llvmlite import ir
+from numba import njit, prange, types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+from .inspect import target_lacks
+from .packing import BLOCK, LANES, PackedMatrix
+
+# --- The intrinsics ----------------------------------------------------------------------------
+# They live in this file, not a module of their own, because Numba's on-disk cache of a kernel
+# is invalidated by changes to the kernel's own source file only: an edit to an intrinsic in
+# another file would leave the cached kernels running the old instructions.
+#
+# SIMD intrinsics: the integer dot products LLVM's auto-vectoriser does not find.
+#
+# Auto-vectorisation turns a loop over 4-bit codes times float activations
+# into widening moves, conversions to float and ``vfmadd...ps`` (section 8.1).
+# llama.cpp multiplies *bytes by bytes* instead, after quantising the
+# activations to int8 (Q8_1, quantize_q8_1). On AVX2 that is two
+# instructions per 32 weights:
+#
+# * ``vpmaddubsw`` (``llvm.x86.avx2.pmadd.ub.sw``): 32 unsigned bytes times
+#   32 signed bytes, adjacent products added pairwise -> 16 int16;
+# * ``vpmaddwd`` (``llvm.x86.avx2.pmadd.wd``) with a vector of ones: adjacent
+#   int16 added pairwise -> 8 int32.
+#
+# No Numba type is a vector register, so each function here is an
+# ``@intrinsic`` that writes the LLVM IR of a whole row's dot product (the
+# loop over its blocks included) with llvmlite's IR builder, and returns one
+# float32. Per block ``b`` of 32 weights it adds ``d_w[b] d_x[b] * (q_w . q_x)``
+# (the integer dot product, exact in int32, converted to float32 exactly)
+# into an 8-lane float32 accumulator, and for the affine form the offset term
+# ``m_w[b] s_x[b]`` into a scalar; the 8 lanes are added once per row, as a tree.
+#
+# Integer ranges: a Q4 code is 0..15 and an activation code -127..127, so a
+# ``vpmaddubsw`` pair is at most 2 * 15 * 127 = 3810 in magnitude, far from the
+# int16 saturation at 32767. Q8 weight codes are signed (-128..127), and
+# ``vpmaddubsw`` wants its first operand unsigned: as in llama.cpp, the weights
+# go in as ``|w|`` and the activations as ``x * sign(w)`` (``vpsignb``), pairs up
+# to 2 * 128 * 127 = 32512, still below 32767. A block's int32 sum is at most
+# 32 * 128 * 127 = 520192 < 2**24, so its conversion to float32 is exact.
+#
+# These functions call x86 AVX2 instructions unconditionally: compiling them
+# for a CPU without AVX2 fails inside LLVM. Only the kernels below call
+# them, and the backend calls those only when int8_unavailable()
+# says the target Numba compiles for has AVX2. AVX-512 VNNI's ``vpdpbusd``
+# (one instruction for both steps) is not used: no machine this was tested on
+# has it.
+#
+# Array arguments (C-contiguous): ``qs`` uint8 ``[rows, nb * 16]`` (byte ``j``
+# of a block: code ``j`` in the low nibble, ``j + 16`` in the high one, GGUF's
+# order) or int8 ``[rows, nb * 32]``; ``d``, ``m`` float32 ``[rows, nb]``; ``xq``
+# int8 ``[T, nb * 32]``; ``xd``, ``xs`` float32 ``[T, nb]``; ``row``, ``t`` integers.
+
+_I8, _I16, _I32, _F32 = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.FloatType()
+_V16I8 = ir.VectorType(_I8, 16)
+_V32I8 = ir.VectorType(_I8, 32)
+_V16I16 = ir.VectorType(_I16, 16)
+_V8I32 = ir.VectorType(_I32, 8)
+_V8F = ir.VectorType(_F32, 8)
+
+
+def _declare(module, name: str, ret, args):
+    return cgutils.get_or_insert_function(module, ir.FunctionType(ret, args), name)
+
+
+def _load(builder, base, index, vector_type):
+    """An unaligned load of ``vector_type`` from ``base + index`` (in elements of ``base``)."""
+    p = builder.gep(base, [index])
+    return builder.load(builder.bitcast(p, vector_type.as_pointer()), align=1)
+
+
+def _splat8(builder, value):
+    v = builder.insert_element(ir.Constant(_V8F, ir.Undefined), value, ir.Constant(_I32, 0))
+    return builder.shuffle_vector(v, ir.Constant(_V8F, ir.Undefined), ir.Constant(ir.VectorType(_I32, 8), [0] * 8))
+
+
+def _hsum(builder, vec, start):
+    """``start + sum(vec)``, the 8 lanes added as a tree (halves, then quarters, then pairs): three
+    dependent additions instead of eight in a row."""
+    for width in (4, 2, 1):
+        lanes = ir.VectorType(_F32, width) if width > 1 else None
+        low = [ir.Constant(_I32, k) for k in range(width)]
+        high = [ir.Constant(_I32, width + k) for k in range(width)]
+        if lanes is None:
+            vec = builder.fadd(builder.extract_element(vec, low[0]), builder.extract_element(vec, high[0]))
+        else:
+            undef = ir.Constant(vec.type, ir.Undefined)
+            vec = builder.fadd(builder.shuffle_vector(vec, undef, ir.Constant(ir.VectorType(_I32, width), low)),
+                               builder.shuffle_vector(vec, undef, ir.Constant(ir.VectorType(_I32, width), high)))
+    return builder.fadd(start, vec)
+
+
+def _row_dot(context, builder, signature, args, affine: bool):
+    """The IR of one row's dot product; ``affine``: Q4 codes with an offset, else signed Q8 codes."""
+    n_arrays = 6 if affine else 4
+    arrays = [context.make_array(ty)(context, builder, value)
+              for ty, value in zip(signature.args[:n_arrays], args[:n_arrays])]
+    if affine:
+        qs, d, m, xq, xd, xs = (a.data for a in arrays)
+    else:
+        qs, d, xq, xd = (a.data for a in arrays)
+    nb = builder.extract_value(arrays[1].shape, 1)  # d is [rows, nb]
+    row = context.cast(builder, args[n_arrays], signature.args[n_arrays], types.intp)
+    t = context.cast(builder, args[n_arrays + 1], signature.args[n_arrays + 1], types.intp)
+    intp = nb.type
+    module = builder.module
+    maddubs = _declare(module, "llvm.x86.avx2.pmadd.ub.sw", _V16I16, [_V32I8, _V32I8])
+    maddwd = _declare(module, "llvm.x86.avx2.pmadd.wd", _V8I32, [_V16I16, _V16I16])
+    fma = _declare(module, "llvm.fma.v8f32", _V8F, [_V8F, _V8F, _V8F])
+    sign = None if affine else _declare(module, "llvm.x86.avx2.psign.b", _V32I8, [_V32I8, _V32I8])
+    ones = ir.Constant(_V16I16, [1] * 16)
+    acc = cgutils.alloca_once_value(builder, ir.Constant(_V8F, [0.0] * 8))
+    offset = cgutils.alloca_once_value(builder, ir.Constant(_F32, 0.0))
+    row_blocks = builder.mul(row, nb)
+    x_blocks = builder.mul(t, nb)
+    with cgutils.for_range(builder, nb) as loop:
+        b = loop.index
+        rb, xb = builder.add(row_blocks, b), builder.add(x_blocks, b)
+        xv = _load(builder, xq, builder.mul(xb, ir.Constant(intp, 32)), _V32I8)
+        if affine:
+            packed = _load(builder, qs, builder.mul(rb, ir.Constant(intp, 16)), _V16I8)
+            low = builder.and_(packed, ir.Constant(_V16I8, [15] * 16))
+            high = builder.lshr(packed, ir.Constant(_V16I8, [4] * 16))
+            wv = builder.shuffle_vector(low, high, ir.Constant(ir.VectorType(_I32, 32), list(range(32))))
+        else:
+            codes = _load(builder, qs, builder.mul(rb, ir.Constant(intp, 32)), _V32I8)
+            wv = builder.call(sign, [codes, codes])  # |w|, read as unsigned bytes
+            xv = builder.call(sign, [xv, codes])  # x * sign(w)
+        pairs = builder.call(maddubs, [wv, xv])
+        sums = builder.sitofp(builder.call(maddwd, [pairs, ones]), _V8F)
+        scale = builder.fmul(builder.load(builder.gep(d, [rb])), builder.load(builder.gep(xd, [xb])))
+        builder.store(builder.call(fma, [sums, _splat8(builder, scale), builder.load(acc)]), acc)
+        if affine:
+            term = builder.fmul(builder.load(builder.gep(m, [rb])), builder.load(builder.gep(xs, [xb])))
+            builder.store(builder.fadd(builder.load(offset), term), offset)
+    return _hsum(builder, builder.load(acc), builder.load(offset))
+
+
+@intrinsic
+def q4_row_dot(typingctx, qs, d, m, xq, xd, xs, row, t):
+    """``sum_b d[row, b] xd[t, b] (q_w . q_x)_b + m[row, b] xs[t, b]`` as float32 (AVX2)."""
+    def codegen(context, builder, signature, args):
+        return _row_dot(context, builder, signature, args, affine=True)
+
+    return types.float32(qs, d, m, xq, xd, xs, row, t), codegen
+
+
+@intrinsic
+def q8_row_dot(typingctx, qs, d, xq, xd, row, t):
+    """``sum_b d[row, b] xd[t, b] (q_w . q_x)_b`` as float32, for signed int8 weight codes (AVX2)."""
+    def codegen(context, builder, signature, args):
+        return _row_dot(context, builder, signature, args, affine=False)
+
+    return types.float32(qs, d, xq, xd, row, t), codegen
+
+
+
+def int8_unavailable() -> str | None:
+    """Why the int8 kernels cannot run here (a reason, for reports and skips), or None if they can.
+
+    They need AVX2 in the target Numba compiles for (``NUMBA_CPU_NAME``/
+    ``NUMBA_CPU_FEATURES`` or the host), asked of LLVM itself
+    (:func:`.inspect.target_lacks`): with ``NUMBA_CPU_NAME=generic`` there is
+    none even on an AVX2 CPU, and the float kernels are used.
+    """
+    return target_lacks("avx2")
+
+
+@njit(cache=True)
+def quantize_q8_1(x):
+    """``x [T, cols]`` float32 -> ``(xq int8 [T, cols], xd [T, nb], xs [T, nb])``, Q8_1 per 32 values.
+
+    ``d = max|x| / 127``, ``q = round(x / d)`` with halves away from zero
+    (``floor(|v| + 0.5)`` with the sign of ``v``, as the GPU kernel
+    :func:`llmrs_core.kernels.gpu.matvec_int8.quantize_q8_1` and ggml's
+    reference code), ``s = d * sum(q)``. Compiled without ``fastmath``: the
+    division and rounding are IEEE float32, the same in NumPy.
+    """
+    t_count, cols = x.shape
+    nb = cols // 32
+    xq = np.empty((t_count, cols), np.int8)
+    xd = np.empty((t_count, nb), np.float32)
+    xs = np.empty((t_count, nb), np.float32)
+    for t in range(t_count):
+        for b in range(nb):
+            amax = np.float32(0)
+            for j in range(32):
+                amax = max(amax, abs(x[t, 32 * b + j]))
+            d = amax / np.float32(127)
+            inv = np.float32(1) / d if d > 0 else np.float32(0)
+            total = 0
+            for j in range(32):
+                v = x[t, 32 * b + j] * inv
+                q = np.int32(np.floor(abs(v) + np.float32(0.5)))
+                if v < 0:
+                    q = -q
+                xq[t, 32 * b + j] = q
+                total += q
+            xd[t, b] = d
+            xs[t, b] = d * np.float32(total)
+    return xq, xd, xs
+
+
+@dataclass
+class Int8Rows:
+    """A weight matrix ``[rows, cols]`` row-major, for the int8 kernels.
+
+    ``kind`` ``"q4"``: ``qs`` uint8 ``[rows, nb * 16]`` (per block, byte ``j``
+    holds codes ``j`` and ``j + 16`` in its low and high nibble), ``d``, ``m``
+    float32 ``[rows, nb]`` (``w = d q + m``). ``kind`` ``"q8"``: ``qs`` int8
+    ``[rows, cols]``, ``d`` ``[rows, nb]`` (``w = d q``), ``m`` empty ``[0, 0]``.
+    """
+
+    kind: str
+    rows: int
+    cols: int
+    qs: np.ndarray
+    d: np.ndarray
+    m: np.ndarray
+
+    @property
+    def nbytes(self) -> int:
+        return self.qs.nbytes + self.d.nbytes + self.m.nbytes
+
+    def row_slice(self, start: int, stop: int) -> Int8Rows:
+        """Rows ``start:stop`` as views (for a part of a fused matrix)."""
+        m = self.m[start:stop] if self.kind == "q4" else self.m
+        return Int8Rows(self.kind, stop - start, self.cols, self.qs[start:stop], self.d[start:stop], m)
+
+
+def _rows_first(a: np.ndarray, rows: int) -> np.ndarray:
+    """Interleaved ``[G, nb, ..., LANES]`` -> row-major ``[rows, nb * ...]`` (padding rows dropped)."""
+    flat = np.moveaxis(a, -1, 1)  # [G, LANES, nb, ...]
+    return np.ascontiguousarray(flat.reshape(a.shape[0] * LANES, -1)[:rows])
+
+
+def int8_rows(w: PackedMatrix) -> Int8Rows | None:
+    """The row-major copy of ``w`` for the int8 kernels, or None where they have none.
+
+    They read the Q4 form (Q4_0, Q4_1, Q4_K) and Q8 codes in blocks of 32
+    (Q8_0); Q6_K's 16-weight blocks and float matrices stay on the float kernels.
+    """
+    if w.kind == "q4":
+        return Int8Rows("q4", w.rows, w.cols, _rows_first(w.qs, w.rows), _rows_first(w.d, w.rows),
+                        _rows_first(w.m, w.rows))
+    if w.kind == "q8" and w.qs.shape[2] == BLOCK:
+        return Int8Rows("q8", w.rows, w.cols, _rows_first(w.qs, w.rows), _rows_first(w.d, w.rows),
+                        np.zeros((0, 0), np.float32))
+    return None
+
+
+@njit(parallel=True, cache=True)
+def q4_int8_matmul(qs, d, m, xq, xd, xs):
+    """``[T, rows]``: every row of a Q4-form matrix against every row of Q8_1 activations.
+
+    The rows are split across threads; each thread takes a weight row against
+    all ``T`` activation rows in turn, so the row's bytes come from memory
+    once and from L1 for the other ``T - 1``.
+    """
+    rows, t_count = qs.shape[0], xq.shape[0]
+    out = np.empty((t_count, rows), np.float32)
+    for r in prange(rows):
+        for t in range(t_count):
+            out[t, r] = q4_row_dot(qs, d, m, xq, xd, xs, r, t)
+    return out
+
+
+@njit(parallel=True, cache=True)
+def q8_int8_matmul(qs, d, xq, xd):
+    """Q8_0 counterpart of :func:`q4_int8_matmul` (no offset term)."""
+    rows, t_count = qs.shape[0], xq.shape[0]
+    out = np.empty((t_count, rows), np.float32)
+    for r in prange(rows):
+        for t in range(t_count):
+            out[t, r] = q8_row_dot(qs, d, xq, xd, r, t)
+    return out
+
+
+def matmul_int8(x: np.ndarray, w: Int8Rows) -> np.ndarray:
+    """``x [T, cols] @ W.T -> [T, rows]`` float32 through Q8_1 activations and integer dot products.
+
+    Call only where :func:`int8_unavailable` is None (the kernels are AVX2 code).
+    """
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    if x.ndim != 2 or x.shape[1] != w.cols:
+        raise ValueError(f"matmul_int8: x has shape {x.shape}, the weight expects [T, {w.cols}]")
+    xq, xd, xs = quantize_q8_1(x)
+    if w.kind == "q4":
+        return q4_int8_matmul(w.qs, w.d, w.m, xq, xd, xs)
+    return q8_int8_matmul(w.qs, w.d, xq, xd)
+
+
+__all__ = ["Int8Rows", "int8_rows", "int8_unavailable", "matmul_int8", "q4_int8_matmul", "q8_int8_matmul",
+           "quantize_q8_1"]

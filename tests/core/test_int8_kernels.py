@@ -1,0 +1,239 @@
+"""The int8 decode kernels (kernels/cpu/int8.py) against NumPy models of the same arithmetic.
+
+* the activations' Q8_1 codes and scales are ggml's Q8_0 of the same values (the engine's
+  ggml-exact quantiser, ``quant.ggml_blocks``), bit for bit;
+* the integer part (codes times codes, summed in int32) is exact: with unit scales the kernels
+  must return the integer dot product itself;
+* with real scales, the result is the float64 sum of the per-block terms up to float32 rounding,
+  bounded from the operations the kernel does (see ``rounding_bound``).
+
+Kernels that need AVX2 are skipped, with the reason, where Numba's target lacks it
+(``NUMBA_CPU_NAME=generic`` in ``make test-portable``); the dispatch tests run everywhere.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from llmrs_core.formats.ggml_types import GGMLType
+from llmrs_core.kernels.cpu import int8
+from llmrs_core.kernels.cpu.packing import pack_affine_q4, pack_q8
+from llmrs_core.quant.ggml_blocks import quantize
+from llmrs_core.testing import FLOAT32_ROUNDING
+
+pytestmark = pytest.mark.core
+
+NO_INT8 = int8.int8_unavailable()
+needs_int8 = pytest.mark.skipif(NO_INT8 is not None, reason=f"int8 kernels not compiled: {NO_INT8}")
+
+
+def random_matrix(kind: str, rows: int, cols: int, rng: np.random.Generator):
+    """A packed random matrix and its parts: codes ``[rows, cols]``, ``d``, ``m`` ``[rows, cols / 32]``."""
+    nb = cols // 32
+    d = rng.uniform(0.001, 0.1, (rows, nb)).astype(np.float32)
+    if kind == "q4":
+        codes = rng.integers(0, 16, (rows, cols), dtype=np.uint8)
+        m = rng.uniform(-0.5, 0.5, (rows, nb)).astype(np.float32)
+        return pack_affine_q4(codes, d, m, "Q4_1"), codes, d, m
+    codes = rng.integers(-128, 128, (rows, cols)).astype(np.int8)
+    return pack_q8(codes, d, "Q8_0"), codes, d, np.zeros_like(d)
+
+
+def lane_terms(codes, d, m, xq, xd, xs):
+    """``[T, rows, nb, 9]`` float64, the terms the kernel adds: per block, its 8 lanes'
+    ``d_w d_x (q_w . q_x)`` over 4 consecutive codes each (what ``vpmaddwd`` leaves in a lane;
+    the integer part exact) and ``m_w s_x``. Their sum over the last two axes is the product."""
+    rows, cols = codes.shape
+    nb = cols // 32
+    sumi = np.einsum("rblj,tblj->trbl", codes.reshape(rows, nb, 8, 4).astype(np.int64),
+                     xq.reshape(-1, nb, 8, 4).astype(np.int64))
+    scale = d.astype(np.float64)[None] * xd.astype(np.float64)[:, None]
+    offset = m.astype(np.float64)[None] * xs.astype(np.float64)[:, None]
+    return np.concatenate([scale[..., None] * sumi, offset[..., None]], axis=-1)
+
+
+def rounding_bound(terms: np.ndarray) -> np.ndarray:
+    """``[T, rows]``: how far the kernel's float32 result may be from the exact sum of ``terms``.
+
+    Per block the kernel rounds ``d_w d_x`` once, then adds each lane's scaled sum into that
+    lane's accumulator with a fused multiply-add (one rounding), and the offset term with a
+    product and an addition; at the end the 8 lanes are added up (three levels of a tree) and
+    to the offset. Each term passes through fewer than ``nb + 10`` roundings of relative size
+    u = 2^-24 (counting the lanes' sum as up to 8 sequential additions), so the error
+    is at most ``gamma_(nb+10) * sum |terms|``, ``gamma_n = n u / (1 - n u)`` (Higham, ch. 3).
+    The sum runs over lanes, not blocks: lanes of one block may cancel.
+    """
+    n = terms.shape[-2] + 10
+    gamma = n * FLOAT32_ROUNDING / (1 - n * FLOAT32_ROUNDING)
+    return gamma * np.abs(terms).sum(axis=(-2, -1))
+
+
+@given(st.integers(0, 2**32 - 1), st.integers(1, 3), st.integers(1, 6), st.sampled_from([1.0, 1e-3, 300.0]))
+@settings(max_examples=40, deadline=None)
+def test_activation_codes_and_scales_are_ggmls_q8(seed, t_count, nb, scale):
+    rng = np.random.default_rng(seed)
+    x = (scale * rng.standard_normal((t_count, 32 * nb))).astype(np.float32)
+    x[0, :32] = 0  # an all-zero block: scale 0, codes 0
+    if nb > 1:  # a block whose values land on halves of its step: ggml rounds them away from zero
+        x[0, 32:64] = np.arange(-16, 16, dtype=np.float32) * np.float32(0.5) * np.float32(127 / 8)
+    xq, xd, xs = int8.quantize_q8_1(x)
+    ggml = quantize(x, GGMLType.Q8_0).reshape(t_count, nb, 34)
+    np.testing.assert_array_equal(xq.reshape(t_count, nb, 32), ggml[:, :, 2:].view(np.int8),
+                                  "activation codes differ from ggml's Q8_0 of the same values")
+    np.testing.assert_array_equal(xd.astype(np.float16), ggml[:, :, :2].copy().view(np.float16)[..., 0],
+                                  "activation scales differ from ggml's (as fp16, what ggml stores)")
+    np.testing.assert_array_equal(xd, np.abs(x.reshape(t_count, nb, 32)).max(-1) / np.float32(127))
+    want_s = xd * xq.reshape(t_count, nb, 32).sum(-1, dtype=np.int32).astype(np.float32)
+    np.testing.assert_array_equal(xs, want_s, "s must be d times the sum of the block's codes (Q8_1)")
+
+
+def test_row_major_copy_keeps_every_code():
+    rng = np.random.default_rng(0)
+    for kind in ("q4", "q8"):
+        w, codes, d, m = random_matrix(kind, 70, 96, rng)  # 70 rows: the last group is padded
+        rows = int8.int8_rows(w)
+        assert rows.qs.shape[0] == 70 and rows.d.shape == (70, 3)
+        np.testing.assert_array_equal(rows.d, d)
+        if kind == "q4":
+            b = rows.qs.reshape(70, 3, 16)
+            np.testing.assert_array_equal(np.concatenate([b & 15, b >> 4], -1).reshape(70, 96), codes)
+            np.testing.assert_array_equal(rows.m, m)
+        else:
+            np.testing.assert_array_equal(rows.qs, codes)
+
+
+def test_sixteen_weight_blocks_have_no_int8_copy():
+    w = pack_q8(np.ones((32, 64), np.int8), np.ones((32, 4), np.float32), "Q6_K", block=16)
+    assert int8.int8_rows(w) is None, "Q6_K's 16-weight blocks stay on the float kernels"
+
+
+@needs_int8
+@pytest.mark.parametrize("kind", ["q4", "q8"])
+@given(seed=st.integers(0, 2**32 - 1), t_count=st.integers(1, 5), nb=st.integers(1, 8),
+       extremes=st.booleans())
+@settings(max_examples=30, deadline=None)
+def test_integer_part_is_exact(kind, seed, t_count, nb, extremes):
+    """Unit scales and no offset: the kernel must return the integer dot product, exactly."""
+    rng = np.random.default_rng(seed)
+    rows = 33
+    w, codes, _, _ = random_matrix(kind, rows, 32 * nb, rng)
+    if extremes:  # the largest pair sums vpmaddubsw sees: no int16 saturation allowed
+        codes[:] = 15 if kind == "q4" else -128
+        w = pack_affine_q4(codes, np.ones((rows, nb)), np.zeros((rows, nb)), "Q4_1") if kind == "q4" else \
+            pack_q8(codes, np.ones((rows, nb)), "Q8_0")
+    copy = int8.int8_rows(w)
+    copy.d[:] = 1
+    copy.m[:] = 0
+    xq = rng.integers(-127, 128, (t_count, 32 * nb)).astype(np.int8)
+    if extremes:
+        xq[:] = -127
+    ones = np.ones((t_count, nb), np.float32)
+    if kind == "q4":
+        got = int8.q4_int8_matmul(copy.qs, copy.d, copy.m, xq, ones, np.zeros_like(ones))
+    else:
+        got = int8.q8_int8_matmul(copy.qs, copy.d, xq, ones)
+    want = xq.astype(np.int64) @ codes.astype(np.int64).T  # |values| < 2^24: exact in float32 too
+    np.testing.assert_array_equal(got, want.astype(np.float32), "the integer dot products are not exact")
+
+
+@needs_int8
+@pytest.mark.parametrize("kind", ["q4", "q8"])
+@pytest.mark.parametrize("t_count, cols", [(1, 576), (3, 1536), (4, 64)])
+def test_products_are_the_quantised_arithmetic(kind, t_count, cols):
+    rng = np.random.default_rng(t_count + cols)
+    w, codes, d, m = random_matrix(kind, 200, cols, rng)
+    x = rng.standard_normal((t_count, cols)).astype(np.float32)
+    x[:, 5] *= 40  # an outlier channel, as real activations have
+    got = int8.matmul_int8(x, int8.int8_rows(w))
+    xq, xd, xs = int8.quantize_q8_1(x)
+    terms = lane_terms(codes, d, m, xq, xd, xs)
+    off = np.abs(got - terms.sum(axis=(-2, -1)))
+    bound = rounding_bound(terms)
+    assert (off <= bound).all(), f"off by {off.max():.3g}, more than float32 rounding allows ({bound.max():.3g})"
+    # and against float activations: each moved by at most half its block's step
+    dense = (codes.reshape(200, -1, 32).astype(np.float64) * d[..., None] + m[..., None]).reshape(200, cols)
+    step = np.repeat(xd.astype(np.float64) / 2, 32, axis=1)
+    assert (np.abs(got - x.astype(np.float64) @ dense.T) <= step @ np.abs(dense).T + bound).all()
+
+
+def test_matmul_int8_rejects_a_mismatched_input():
+    w, *_ = random_matrix("q4", 32, 64, np.random.default_rng(0))
+    with pytest.raises(ValueError, match=r"expects \[T, 64\]"):
+        int8.matmul_int8(np.zeros((1, 32), np.float32), int8.int8_rows(w))
+
+
+_DISPATCH = """
+import numpy as np
+from llmrs_core.backends.numba_backend import NumbaBackend
+from llmrs_core.kernels.cpu.int8 import int8_unavailable
+b = NumbaBackend(threads=1, int8=True)
+print(repr(int8_unavailable()))
+print(b.describe())
+"""
+
+
+def _dispatch(cpu: str) -> list[str]:
+    env = {**os.environ, "NUMBA_CPU_NAME": cpu, "NUMBA_CPU_FEATURES": ""}
+    run = subprocess.run([sys.executable, "-c", _DISPATCH], env=env, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    return run.stdout.strip().splitlines()
+
+
+@pytest.mark.skipif(os.uname().machine not in ("x86_64", "AMD64"), reason="the int8 kernels are x86 code")
+def test_dispatch_follows_numbas_target():
+    """generic has no AVX2: the backend must keep the float kernels there (and never compile the int8 ones)."""
+    reason, described = _dispatch("generic")
+    assert "avx2" in reason and "NUMBA_CPU_NAME=generic" in reason, reason
+    assert "decode: float kernels" in described, described
+    import llvmlite.binding as llvm
+
+    if not llvm.get_host_cpu_features().get("avx2", False):
+        pytest.skip("this CPU lacks AVX2: code compiled for haswell cannot run here")
+    reason, described = _dispatch("haswell")
+    assert reason == "None", f"haswell has AVX2, yet: {reason}"
+    assert "decode: int8 (AVX2)" in described, described
+
+
+@needs_int8
+def test_the_backend_sends_decode_steps_to_the_int8_kernels(tmp_path):
+    """Steps of up to INT8_ROWS rows use the int8 copy (the same numbers as the kernel), longer
+    ones the float kernels (the same numbers as without it); fused parts read the whole's rows."""
+    import llmrs_core as llmrs
+    from llmrs_core.kernels.cpu import matmul as kmatmul
+    from llmrs_core.testing import write_tiny_llama
+
+    path = tmp_path / "tiny.gguf"
+    write_tiny_llama(path, weight_type="q4_1", seed=3, hidden_size=64, intermediate_size=128, n_heads=4,
+                     n_kv_heads=2)
+    net = llmrs.load(path, backend="numba", int8=True).network
+    layer, backend = net.layers[0], net.backend
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((kmatmul.INT8_ROWS + 1, 64)).astype(np.float32)
+    w = layer.w_gate
+    short = backend.matmul(x[:kmatmul.INT8_ROWS], w.fused)
+    np.testing.assert_array_equal(short, int8.matmul_int8(x[:kmatmul.INT8_ROWS], w.fused.int8))
+    copy, w.fused.int8 = w.fused.int8, None
+    try:
+        float_long = kmatmul.matmul(x, w.fused)
+    finally:
+        w.fused.int8 = copy
+    np.testing.assert_array_equal(backend.matmul(x, w.fused), float_long)
+    gate, up = backend.matmul_many(x[:1], [layer.w_gate, layer.w_up])
+    np.testing.assert_array_equal(gate, backend.matmul(x[:1], layer.w_gate))
+    np.testing.assert_array_equal(up, int8.matmul_int8(x[:1], layer.w_up.int8))
+    exact = llmrs.load(path, backend="numba").network
+    assert exact.layers[0].wq.int8 is None, "without int8=True no int8 copies are made"
+
+
+def test_int8_is_refused_by_backends_without_it():
+    from llmrs_core.backends import get_backend
+
+    with pytest.raises(ValueError, match="int8=True"):
+        get_backend("numpy", int8=True)
