@@ -192,6 +192,7 @@ def create_router(
         """The upstream's SSE events, passed on one by one, timed; the usage chunk only if asked for."""
         first = last = None
         reason = None
+        done = False  # data: [DONE] passed on: a client leaving after it left nothing unread
         lines: list[str] = []
         try:
             async for line in response.aiter_lines():
@@ -218,6 +219,7 @@ def create_router(
                         rec.completion_tokens = usage.get("completion_tokens")
                         if not wants_usage:
                             continue
+                done = done or data == "[DONE]"
                 yield (event + "\n\n").encode("utf-8")
         except httpx.HTTPError as e:
             u = by_name[rec.variant]
@@ -226,7 +228,8 @@ def create_router(
             yield f"data: {json.dumps(error_body(rec.error, 'server_error', code=reason))}\n\n".encode()
             yield b"data: [DONE]\n\n"
         except asyncio.CancelledError:  # the client left: closing the upstream response aborts it there
-            reason, rec.error = "client_disconnected", "the client disconnected"
+            if not done:
+                reason, rec.error = "client_disconnected", "the client disconnected"
             raise
         finally:
             await response.aclose()
