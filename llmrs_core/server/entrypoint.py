@@ -191,4 +191,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # run the package's module, not this __main__ copy: a checker (the learner's file) imports
+    # ServeSettings and ServeEnvironmentError from llmrs_core.server.entrypoint, and those must be
+    # the classes main() checks against
+    from llmrs_core.server.entrypoint import main as _main
+
+    sys.exit(_main())

@@ -162,3 +162,20 @@ def test_ex12_6_every_problem_is_reported_at_once(ex, tmp_path):
         f"check every variable before raising, so one failed start lists all that is wrong; you reported "
         f"{sorted(named)} of {sorted(env)}: {found}")
     assert len(found) == 4, f"one problem per variable: {found}"
+
+
+def test_ex12_6_the_entrypoint_runs_your_check_in_a_process_of_its_own(ex, gguf):
+    import subprocess
+    import sys
+
+    check(ex, {"LLMRS_MODEL": str(gguf)})  # in-process first: a stub or a crash shows here
+    command = [sys.executable, "-m", "llmrs_core.server.entrypoint", "--checker", ex.__file__, "--check-only"]
+    env = {**os.environ, "LLMRS_MODEL": str(gguf), "LLMRS_PORT": "0", "LLMRS_THREADS": "0"}
+    bad = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 78, (f"with a bad environment the container's entrypoint should exit with 78 "
+                                  f"(EX_CONFIG); it exited {bad.returncode}:\n{bad.stderr[-1500:]}")
+    assert "LLMRS_PORT" in bad.stderr and "LLMRS_THREADS" in bad.stderr, bad.stderr
+    env.update(LLMRS_PORT="8001", LLMRS_THREADS="1")
+    good = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
+    assert good.returncode == 0, f"a good environment should pass:\n{good.stderr[-1500:]}"
+    assert f"--port 8001 --backend {DEFAULT_BACKEND} --threads 1" in good.stderr, good.stderr
