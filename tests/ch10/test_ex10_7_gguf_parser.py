@@ -1,7 +1,10 @@
 """Exercise 10.7 — GGUF Parser: tensors as arrays, and writing GGUF back.
 
 References: llama.cpp's gguf-py (its dequantisation, its reader) and byte
-identity with files the engine wrote.
+identity with files the engine wrote. The audit, one test per likely mistake:
+shapes in GGUF's order; a quantised type decoded wrongly (located by row and
+column); metadata written with the wrong value type (a bool as an int, a
+negative int as unsigned); data not padded to the alignment.
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ import pytest
 from llmrs_core.formats.ggml_types import GGMLType
 from llmrs_core.formats.gguf import GGUFField, GGUFValueType, TensorToWrite, read_gguf
 from llmrs_core.formats.gguf import write_gguf as engine_write_gguf
-from llmrs_core.testing import TINY_LLAMA, tiny_llama_tensors, write_tiny_llama
+from llmrs_core.testing import TINY_LLAMA, assert_matches, tiny_llama_tensors, write_tiny_llama
 
 gguf = pytest.importorskip("gguf")
 
@@ -26,6 +29,19 @@ def test_ex10_7_tiny_model_tensors(ex, tmp_path):
     for name, value in want.items():
         assert got[name].shape == value.shape, f"{name}: shape {got[name].shape}, want {value.shape} (NumPy order)"
         np.testing.assert_array_equal(got[name], value)
+
+
+@pytest.mark.parametrize("weight_type", ["q8_0", "q4_0", "q4_1"])
+def test_ex10_7_quantised_tensors_match_gguf_py(ex, tmp_path, weight_type):
+    path = tmp_path / f"tiny-{weight_type}.gguf"
+    write_tiny_llama(path, seed=6, weight_type=weight_type)
+    got = ex.gguf_tensors_as_arrays(path)
+    for t in gguf.GGUFReader(str(path)).tensors:
+        shape = tuple(int(n) for n in reversed(t.shape))
+        want = gguf.quants.dequantize(t.data, t.tensor_type).reshape(shape)
+        assert got[t.name].dtype == np.float32, f"{t.name}: dequantise to float32, got {got[t.name].dtype}"
+        assert_matches(got[t.name], want, what=f"your {t.name} ({t.tensor_type.name})", axes=("row", "column")[: len(shape)],
+                       tol=0.0, note=f" — decode each {t.tensor_type.name} block as Exercise 6.6 does")
 
 
 @pytest.mark.model
@@ -60,10 +76,15 @@ def test_ex10_7_write_then_read(ex, tmp_path):
     reader = gguf.GGUFReader(str(path))  # llama.cpp's reader must accept it
     assert {t.name for t in reader.tensors} == {"w", "h", "q"}
     with read_gguf(path) as g:
-        assert g.alignment == 64 and g.data_offset % 64 == 0
+        assert g.alignment == 64, f"general.alignment was written as {g.alignment}; it is 64"
+        assert g.data_offset % 64 == 0, f"the data section starts at {g.data_offset}: pad it to a multiple of 64"
         assert all(t.offset % 64 == 0 for t in g.tensors.values()), "tensor data must be aligned"
-        assert g.metadata["my.names"] == ["a", "bb", ""] and g.metadata["my.big"] == 2**40
-        assert g.metadata["my.negative"] == -3 and g.metadata["my.flag"] is True
+        for key, value in [("my.names", ["a", "bb", ""]), ("my.big", 2**40), ("my.negative", -3), ("my.flag", True),
+                           ("my.count", 7), ("my.ratio", 0.5)]:
+            assert g.metadata[key] == value and type(g.metadata[key]) is type(value), (
+                f"{key} reads back as {g.metadata[key]!r} ({g.fields[key].type.name}); it was {value!r} — pick the "
+                "value type from the Python type: bool before int (a bool is an int), a negative int signed"
+            )
         np.testing.assert_array_equal(g.tensor_array("w"), tensors["w"])
         assert g.tensors["q"].ggml_type is GGMLType.Q8_0
 
