@@ -1,10 +1,10 @@
 """``llmrs ab serve``: one ``llmrs serve`` per variant on 127.0.0.1, and the router in front (section 12.4).
 
 Each ``--variant NAME=MODEL[:backend][@weight]`` becomes a child process
-(:class:`~llmrs_core.bench.serve_compare.ManagedServer`: a free port, ready when
-its ``/health`` answers 200, its output in a temporary log quoted if it fails)
-serving the model under the variant's name; each ``--upstream NAME=URL[@weight]``
-is a server already running. The router then runs in the foreground; when it
+(:class:`~llmrs_core.bench.serve_compare.ManagedServer`: a free port, ready when its
+``/ready`` answers 200, its output in a temporary log quoted if it fails) serving the
+model under the variant's name; each ``--upstream NAME=URL[@weight]`` is a server
+already running. The router then runs in the foreground; when it
 stops (SIGTERM, Ctrl-C) or fails, every child is stopped with it.
 """
 
@@ -51,7 +51,7 @@ def run_ab(variants: Sequence[VariantSpec], upstreams: Sequence[Upstream], *, ho
         for spec in variants:
             say(f"starting variant {spec.name!r}: {spec.model} ({spec.backend or 'default backend'}, "
                 f"{threads} thread(s)) ...")
-            server = ManagedServer(f"variant {spec.name!r}", variant_command(spec, threads), "/health",
+            server = ManagedServer(f"variant {spec.name!r}", variant_command(spec, threads), "/ready",
                                    threads=threads, start_timeout=start_timeout)
             url = stack.enter_context(server)
             started.append(Upstream(spec.name, url, spec.weight))

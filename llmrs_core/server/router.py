@@ -18,7 +18,8 @@ An upstream that cannot be reached gives the client a 502 naming the variant;
 one that does not answer within ``timeout`` seconds, a 504; one that breaks
 in the middle of a stream, an error event (``data: {"error": ...}``) and the
 end of the stream. Never a hang. ``/health``: the router is alive (200);
-``/ready``: every variant's ``/health`` answers 200 (else 503, naming which).
+``/ready``: every variant's ``/ready`` (or, for a server without one, ``/health``)
+answers 200 (else 503, naming which).
 """
 
 from __future__ import annotations
@@ -263,8 +264,10 @@ def create_router(
     @app.get("/ready")
     async def ready() -> JSONResponse:
         async def check(name: str) -> str:
-            try:
-                r = await clients[name].get("/health", timeout=min(timeout, 2.0))
+            try:  # llmrs serve's readiness is /ready; servers without one (404) answer /health
+                r = await clients[name].get("/ready", timeout=min(timeout, 2.0))
+                if r.status_code == 404:
+                    r = await clients[name].get("/health", timeout=min(timeout, 2.0))
             except httpx.HTTPError as e:
                 return f"unavailable: {type(e).__name__}"
             return "ok" if r.status_code == 200 else f"not ready: HTTP {r.status_code}"

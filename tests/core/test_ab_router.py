@@ -145,7 +145,7 @@ def test_an_upstream_that_is_down_gives_502_naming_the_variant(servers):
     _, _, urls = servers
     dead = f"http://127.0.0.1:{free_port()}"
     router = create_router([Upstream("up", urls["a"], 0), Upstream("down", dead, 1)], timeout=WAIT)
-    with BackgroundServer(router) as url:
+    with BackgroundServer(router, wait_ready=False) as url:  # not ready: one variant is down
         r = httpx.post(url + "/v1/completions", json={"prompt": "x", "max_tokens": 1, "user": "u"}, timeout=WAIT)
         assert r.status_code == 502 and r.headers[VARIANT_HEADER] == "down"
         assert "'down'" in r.json()["error"]["message"] and dead in r.json()["error"]["message"]
@@ -190,7 +190,8 @@ def test_an_upstream_that_breaks_off_a_stream_gives_an_error_event_naming_the_va
     base, thread, sock = broken_upstream()
     log = Log()
     try:
-        with BackgroundServer(create_router([Upstream("flaky", base)], request_log=log, timeout=WAIT)) as url:
+        router = create_router([Upstream("flaky", base)], request_log=log, timeout=WAIT)
+        with BackgroundServer(router, wait_ready=False) as url:  # the fake answers two connections only
             with httpx.stream("POST", url + "/v1/completions", json={"prompt": "x", "stream": True},
                               timeout=WAIT) as r:
                 events = [line for line in r.iter_lines() if line]
