@@ -423,7 +423,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
               file=sys.stderr)
     try:
         serve(app, host=args.host, port=args.port, drain_timeout=args.drain_timeout,
-              access_log=args.no_request_log, on_drain=app.state.engine_loop.drain)
+              access_log=args.no_request_log, drain=app.state.engine_loop)
     finally:
         if tracer_provider is not None:
             tracer_provider.shutdown()  # flush the spans still batched

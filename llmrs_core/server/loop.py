@@ -406,6 +406,13 @@ class EngineLoop:
         return self._thread is not None and self._thread.is_alive() and self.error is None
 
     @property
+    def idle(self) -> bool:
+        """No request is in flight or queued (read from another thread: an estimate, for the drain)."""
+        engine = self.engine
+        return (not self._streams and not self._submissions
+                and (engine is None or not self.alive or not engine.has_unfinished()))
+
+    @property
     def accepting(self) -> bool:
         """Whether requests are taken now (``/ready``)."""
         return self.state in READY_STATES and not self._draining and self.alive

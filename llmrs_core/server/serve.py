@@ -1,13 +1,16 @@
 """Running the app with uvicorn (chapter 11): in the foreground (``llmrs serve``) or in a thread.
 
-:func:`serve` is ``llmrs serve``'s loop. On SIGTERM (or Ctrl-C) it calls
-``on_drain(drain_timeout)`` at once (the app's engine loop: ``/ready`` turns
-503, new requests get 503), stops accepting connections, lets the requests in
-flight finish — for at most ``drain_timeout`` seconds, after which the engine
-loop aborts them and their clients get an error (a 503 body, or an error event
-and ``[DONE]``); uvicorn closes what is still open a second later — stops the
-engine loop and returns normally, so the process exits 0 (uvicorn on its own
-re-raises the signal after draining, and the process would die of it).
+:func:`serve` is ``llmrs serve``'s loop. On SIGTERM (or Ctrl-C), with a
+``drain`` (the app's engine loop, a :class:`Drainable`), it starts the drain at
+once — ``/ready`` turns 503 and new requests get a 503 body, while the server
+still listens (an orchestrator takes a moment to stop sending: those clients get
+an answer, not a refused connection) — and lets the requests in flight finish,
+for at most ``drain_timeout`` seconds, after which the engine loop aborts them
+and their clients get an error (a 503 body, or an error event and ``[DONE]``).
+Once the engine is idle it stops listening, gives the connections
+``DRAIN_GRACE_S`` to finish writing, stops the engine loop and returns
+normally, so the process exits 0 (uvicorn on its own re-raises the signal after
+draining, and the process would die of it). A second signal stops waiting.
 
 :class:`BackgroundServer` runs an app on a free port of 127.0.0.1 in a thread,
 for tests and notebooks: ``with BackgroundServer(app) as url: ...``; it waits
@@ -21,22 +24,39 @@ import contextlib
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from types import FrameType
+from typing import Protocol
 
 import httpx
 import uvicorn
 from fastapi import FastAPI
 
+#: seconds the connections get to finish writing once the engine has no request left
+DRAIN_GRACE_S = 2.0
+
+
+class Drainable(Protocol):
+    """What :func:`serve` drains on SIGTERM (:class:`~.loop.EngineLoop`)."""
+
+    def drain(self, timeout: float | None = None) -> None:
+        """Refuse new requests from now on; cut those still running after ``timeout`` seconds."""
+
+    @property
+    def idle(self) -> bool:
+        """No request is in flight or queued."""
+
 
 class _DrainingServer(uvicorn.Server):
     """uvicorn's server with our own signal handling: drain, then exit normally (0).
 
-    ``on_drain`` is called once, on the first signal, before uvicorn stops listening."""
+    With a ``drain``, the first signal starts it and a thread sets ``should_exit`` once it is
+    idle (or ``drain_timeout`` plus the grace has passed); uvicorn goes on serving until then."""
 
-    def __init__(self, config: uvicorn.Config, on_drain: Callable[[], None] | None = None):
+    def __init__(self, config: uvicorn.Config, drain: Drainable | None = None, drain_timeout: float = 30.0):
         super().__init__(config)
-        self.on_drain = on_drain
+        self.drain, self.drain_timeout = drain, drain_timeout
+        self._draining = False
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
@@ -53,24 +73,34 @@ class _DrainingServer(uvicorn.Server):
     def _on_signal(self, sig: int, frame: FrameType | None) -> None:
         if self.should_exit and sig == signal.SIGINT:
             self.force_exit = True  # a second Ctrl-C: stop waiting for the requests in flight
-        if not self.should_exit and self.on_drain is not None:
-            self.on_drain()
+        self.terminate()
+
+    def terminate(self) -> None:
+        """What SIGTERM does: start the drain (the first time), else stop waiting for it."""
+        if self.drain is not None and not self._draining:
+            self._draining = True
+            self.drain.drain(self.drain_timeout)
+            threading.Thread(target=self._exit_when_drained, name="llmrs-drain", daemon=True).start()
+            return
+        self.should_exit = True
+
+    def _exit_when_drained(self) -> None:
+        deadline = time.monotonic() + self.drain_timeout + DRAIN_GRACE_S
+        while not self.should_exit and not self.drain.idle and time.monotonic() < deadline:
+            time.sleep(0.05)
         self.should_exit = True
 
 
-#: seconds uvicorn waits after the drain timeout, for the errors of the requests cut off to be sent
-DRAIN_GRACE_S = 1.0
-
-
 def serve(app: FastAPI, host: str = "127.0.0.1", port: int = 8000, drain_timeout: float = 30.0,
-          log_level: str = "info", access_log: bool = True,
-          on_drain: Callable[[float], None] | None = None) -> None:
+          log_level: str = "info", access_log: bool = True, drain: Drainable | None = None) -> None:
     """Serve ``app`` until SIGTERM or Ctrl-C; in-flight requests get ``drain_timeout`` seconds to finish.
     ``access_log=False`` leaves out uvicorn's line per HTTP request (the app's JSON lines replace it).
-    ``on_drain(drain_timeout)`` runs on the first signal (``EngineLoop.drain`` for our app)."""
+    ``drain``: what to drain first (our app's ``app.state.engine_loop``); without one, uvicorn's own
+    graceful shutdown (stop listening, wait up to ``drain_timeout`` for the connections)."""
+    graceful = DRAIN_GRACE_S if drain is not None else drain_timeout
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level, lifespan="on",
-                            timeout_graceful_shutdown=drain_timeout + DRAIN_GRACE_S, access_log=access_log)
-    server = _DrainingServer(config, None if on_drain is None else (lambda: on_drain(drain_timeout)))
+                            timeout_graceful_shutdown=graceful, access_log=access_log)
+    server = _DrainingServer(config, drain, drain_timeout)
     server.run()
     if not server.started:
         raise OSError(f"the server could not start on {host}:{port} (see the log above)")
@@ -81,13 +111,15 @@ class BackgroundServer:
 
     Entering waits (at most ``start_timeout`` seconds) until the app listens and, with
     ``wait_ready``, until ``GET /ready`` is 200 (a 404: the app has no readiness route).
+    With ``drain`` (``app.state.engine_loop``), :meth:`terminate` drains as ``llmrs serve``
+    does on SIGTERM, within ``drain_timeout`` seconds.
     """
 
     def __init__(self, app: FastAPI, start_timeout: float = 60.0, drain_timeout: float = 5.0,
-                 wait_ready: bool = True):
+                 wait_ready: bool = True, drain: Drainable | None = None):
         config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="on",
-                                timeout_graceful_shutdown=drain_timeout)
-        self.server = _DrainingServer(config)
+                                timeout_graceful_shutdown=DRAIN_GRACE_S if drain is not None else drain_timeout)
+        self.server = _DrainingServer(config, drain, drain_timeout)
         self.start_timeout = start_timeout
         self.wait_ready = wait_ready
         self.thread = threading.Thread(target=self.server.run, name="llmrs-http", daemon=True)
@@ -123,6 +155,10 @@ class BackgroundServer:
         self.stop()
         raise RuntimeError(f"the server was not ready within {self.start_timeout:g} s: GET /ready said {last}")
 
+    def terminate(self) -> None:
+        """Do what SIGTERM does to ``llmrs serve`` (with ``drain``: drain, then stop by itself)."""
+        self.server.terminate()
+
     def stop(self, timeout: float = 30.0) -> None:
         self.server.should_exit = True
         self.thread.join(timeout)
@@ -131,4 +167,4 @@ class BackgroundServer:
         self.stop()
 
 
-__all__ = ["BackgroundServer", "serve"]
+__all__ = ["DRAIN_GRACE_S", "BackgroundServer", "Drainable", "serve"]

@@ -344,22 +344,31 @@ def test_a_client_that_never_reads_its_stream_is_aborted_and_the_others_go_on(mo
 
 def test_drain_turns_ready_503_refuses_new_requests_and_cuts_what_runs_past_the_timeout(model):
     inject_faults(model, pass_delay_s=0.02)  # a slow device: 200 tokens cannot finish within the drain
-    app, background, log = serve(model)
+    log = io.StringIO()
+    app = create_app(model, served_model_name="tiny", warm_up=False, request_log=log)
+    background = BackgroundServer(app, drain=app.state.engine_loop, drain_timeout=0.5)
     with background as url:
         s = Live(app, url, log)
         with s.http.stream("POST", "/v1/completions", json=stream_body("long", 200)) as response:
             lines = response.iter_lines()
             first = next(lines)
             assert first.startswith("data: {"), first
-            s.loop.drain(timeout=0.5)
-            assert s.http.get("/ready").status_code == 503 and s.http.get("/ready").json()["status"] == "draining"
-            assert s.http.get("/health").status_code == 200
-            refused = s.http.post("/v1/completions", json={"model": "tiny", "prompt": "new", "max_tokens": 2})
-            assert refused.status_code == 503 and "draining" in refused.json()["error"]["message"]
+            background.terminate()  # what SIGTERM does to llmrs serve
+            with httpx.Client(base_url=url, timeout=WAIT) as other:  # a new connection: still answered
+                ready = other.get("/ready")
+                assert ready.status_code == 503 and ready.json()["status"] == "draining"
+                assert other.get("/health").status_code == 200
+                refused = other.post("/v1/completions", json={"model": "tiny", "prompt": "new", "max_tokens": 2})
+                assert refused.status_code == 503 and "draining" in refused.json()["error"]["message"]
             rest = "\n".join(lines)
         assert rest.rstrip().endswith("data: [DONE]")
         assert '"code":503' in rest and "drain timeout (0.5 s)" in rest
-        s.assert_no_leak()
+        background.thread.join(WAIT)  # drained: the server stops by itself
+        assert not background.thread.is_alive(), "the server did not stop after the drain"
+        engine = s.loop.engine
+        pool = engine.cache.allocator
+        assert pool.num_free + engine.prefix_cache.num_blocks == pool.num_blocks and not engine.requests
+        assert [x["finish_reason"] for x in s.events("request")] == ["abort"]
 
 
 def test_sigterm_during_a_burst_drains_and_exits_0(tiny_path):
@@ -390,7 +399,7 @@ def test_sigterm_during_a_burst_drains_and_exits_0(tiny_path):
                 async def one(i: int) -> str:
                     nonlocal count
                     async with http.stream("POST", "/v1/completions",
-                                           json=stream_body(f"burst {i}", 300 if i % 2 else 8)) as r:
+                                           json=stream_body(f"burst {i}", 480 if i % 2 else 8)) as r:
                         assert r.status_code == 200
                         lines = []
                         async for line in r.aiter_lines():
@@ -403,15 +412,24 @@ def test_sigterm_during_a_burst_drains_and_exits_0(tiny_path):
                     text = "\n".join(lines)
                     return "error" if '"error"' in text else "done"
 
-                async def terminate() -> None:
+                async def terminate() -> str:
                     await asyncio.wait_for(started.wait(), WAIT)
                     proc.send_signal(signal.SIGTERM)
+                    await asyncio.sleep(0.1)  # the signal is handled
+                    try:  # the server still listens while it drains: a new request is refused with 503
+                        async with httpx.AsyncClient(base_url=url, timeout=WAIT) as late:
+                            r = await late.post("/v1/completions", json={"model": "tiny", "prompt": "late",
+                                                                          "max_tokens": 2})
+                        return str(r.status_code)
+                    except httpx.ConnectError:  # ... unless it had drained already
+                        return "drained"
 
                 results = await asyncio.gather(*(one(i) for i in range(6)), terminate())
-                return results[:6]
+                return results
 
-        outcomes = asyncio.run(asyncio.wait_for(burst(), WAIT))
+        *outcomes, late = asyncio.run(asyncio.wait_for(burst(), WAIT))
         assert set(outcomes) <= {"done", "error"} and len(outcomes) == 6
+        assert late in ("503", "drained"), late
         assert proc.wait(WAIT) == 0, proc.stderr.read().decode()[-2000:]
     finally:
         if proc.poll() is None:
