@@ -257,6 +257,54 @@ def test_waiting_requests_are_retried_in_the_fresh_engine(model):
         s.assert_no_leak()
 
 
+@pytest.mark.parametrize("fail_for, first_fails", [(1, False), (2, True)])
+def test_a_fault_that_fails_one_request_of_a_batch_is_not_an_engine_failure(model, fail_for, first_fails):
+    # the first request stalls in pass 2 while a second arrives; pass 3 runs both as one batch and
+    # fails. The engine then runs each alone (passes 4 and 5): with fail_for=1 both succeed (no client
+    # sees the fault), with fail_for=2 the first fails alone (pass 4) and the second goes on. Neither
+    # is the engine's failure: no restart.
+    faults = inject_faults(model, stall_at=2, stall_s=WAIT, fail_at=3, fail_for=fail_for)
+    app, background, log = serve(model)
+    with background as url:
+        s = Live(app, url, log)
+
+        async def two() -> list:
+            client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=WAIT)
+
+            async def one(prompt: str):
+                try:
+                    return await client.completions.create(model="tiny", prompt=prompt, max_tokens=6, temperature=0)
+                except openai.APIStatusError as e:
+                    return e
+
+            async def until(condition) -> None:
+                deadline = time.monotonic() + WAIT
+                while not condition():
+                    assert time.monotonic() < deadline, "timed out"
+                    await asyncio.sleep(0.01)
+
+            try:
+                first = asyncio.ensure_future(one("one"))
+                await until(faults.stalling.is_set)
+                second = asyncio.ensure_future(one("two"))
+                await until(lambda: s.loop.num_waiting == 1)
+                faults.release()
+                return [await first, await second]
+            finally:
+                faults.release()
+                await client.close()
+
+        first, second = asyncio.run(asyncio.wait_for(two(), WAIT))
+        assert faults.faults == fail_for
+        if first_fails:
+            assert isinstance(first, openai.InternalServerError) and "forward pass 4" in first.message
+        else:
+            assert first.choices[0].text == model.generate("one", max_tokens=6).text
+        assert second.choices[0].text == model.generate("two", max_tokens=6).text
+        assert s.loop.restarts == 0 and not s.events("engine_failure") and s.loop.state == "ready"
+        s.assert_no_leak()
+
+
 # -- deadlines, stalls, slow readers -------------------------------------------------------------
 
 
