@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import llmrs_core as llmrs
-from llmrs_core.engine import Engine, RequestStatus
+from llmrs_core.engine import Engine, RequestRejected, RequestStatus
 from llmrs_core.kv_cache.paged import PagedKVCache
 from llmrs_core.testing import tiny_llama_config, write_tiny_llama
 
@@ -32,6 +32,15 @@ def make(ex, num_blocks=16, block_size=4, **kw):
 
 def req(ex, rid, prompt_len, max_tokens=4, priority=0):
     return ex.Request(rid, list(range(1, prompt_len + 1)), max_tokens, priority)
+
+
+def queue(s, r):
+    """``s.add(r)`` for a request that fits the pool: a rejection is ``add``'s mistake, said so."""
+    try:
+        s.add(r)
+    except RequestRejected as e:
+        pytest.fail(f"add rejected {r.request_id!r}, which fits the pool ({e}); see "
+                    "test_ex7_6_a_request_that_exactly_fills_the_pool_is_accepted", pytrace=False)
 
 
 def run_step(sched, check=None):
@@ -58,7 +67,7 @@ def ids(requests) -> list[str]:
 def test_ex7_6_admission_and_decode(ex):
     s = make(ex, max_num_seqs=2, max_num_batched_tokens=64)
     for rid, n in (("a", 5), ("b", 3), ("c", 4)):
-        s.add(req(ex, rid, n))
+        queue(s, req(ex, rid, n))
     assert run_step(s) == [("a", 5), ("b", 3)], "FCFS, at most max_num_seqs=2 running"
     assert run_step(s) == [("a", 1), ("b", 1)], "then one decode token each"
     assert ids(s.waiting) == ["c"]
@@ -67,8 +76,8 @@ def test_ex7_6_admission_and_decode(ex):
 
 def test_ex7_6_chunked_prefill_under_the_token_budget(ex):
     s = make(ex, num_blocks=64, max_num_batched_tokens=16)
-    s.add(req(ex, "long", 40))
-    s.add(req(ex, "short", 3))
+    queue(s, req(ex, "long", 40))
+    queue(s, req(ex, "short", 3))
     assert run_step(s) == [("long", 16)], "a 40-token prompt is computed in chunks of the budget"
     assert run_step(s) == [("long", 16)]
     assert run_step(s) == [("long", 8), ("short", 3)], "the leftover budget admits the next request"
@@ -79,8 +88,8 @@ def two_full_requests(ex, **kw):
     """A pool of 4 blocks of 4, full: "old" and "new" (7-token prompts, 2 blocks each) after
     two steps, at 8 tokens each; the next step needs a third block for "old"."""
     s = make(ex, num_blocks=4, block_size=4, max_num_batched_tokens=64, **kw)
-    s.add(req(ex, "old", 7, max_tokens=8))
-    s.add(req(ex, "new", 7, max_tokens=8))
+    queue(s, req(ex, "old", 7, max_tokens=8))
+    queue(s, req(ex, "new", 7, max_tokens=8))
     run_step(s)
     assert ids(s.running) == ["old", "new"], f"both requests should be admitted; running: {ids(s.running)}"
     run_step(s)
@@ -99,14 +108,17 @@ def test_ex7_6_preempts_the_newest_running_request(ex):
         "'new' (the newest) preempted into waiting and 'old' running on"
     )
     assert s.num_preemptions == 1, f"one preemption, but the scheduler counts {s.num_preemptions}"
-    while s.has_work:
+    for _ in range(100):
+        if not s.has_work:
+            break
         run_step(s)
+    assert not s.has_work, f"100 steps later work remains: running {ids(s.running)}, waiting {ids(s.waiting)}"
     assert s.cache.allocator.num_free == 4, "every block returns in the end"
 
 
 def test_ex7_6_preempt_puts_the_request_at_the_front(ex):
     s = two_full_requests(ex, max_num_seqs=2)
-    s.add(req(ex, "later", 3))  # waits: two already run
+    queue(s, req(ex, "later", 3))  # waits: two already run
     new = s.running[-1]
     s.preempt(new)
     assert ids(s.waiting) != ["later", "new"], (
@@ -140,8 +152,8 @@ def test_ex7_6_preempt_resets_the_request(ex):
 
 def test_ex7_6_failed_admission_leaves_nothing_behind(ex):
     s = make(ex, num_blocks=4, block_size=4, max_num_batched_tokens=64)
-    s.add(req(ex, "a", 12, max_tokens=4))  # 3 blocks
-    s.add(req(ex, "b", 8, max_tokens=4))  # 2 blocks: only 1 is left
+    queue(s, req(ex, "a", 12, max_tokens=4))  # 3 blocks
+    queue(s, req(ex, "b", 8, max_tokens=4))  # 2 blocks: only 1 is left
     assert run_step(s) == [("a", 12)], "'a' is admitted; 'b' must wait for blocks"
     b = s.waiting[0] if s.waiting else None
     assert b is not None and b.request_id == "b", f"'b' should still wait; waiting {ids(s.waiting)}"
@@ -175,9 +187,9 @@ def test_ex7_6_a_request_that_exactly_fills_the_pool_is_accepted(ex):
 
 def test_ex7_6_priority(ex):
     s = make(ex, max_num_seqs=1, policy="priority")
-    s.add(req(ex, "low", 3, priority=5))
-    s.add(req(ex, "high", 3, priority=1))
-    s.add(req(ex, "high-later", 3, priority=1))
+    queue(s, req(ex, "low", 3, priority=5))
+    queue(s, req(ex, "high", 3, priority=1))
+    queue(s, req(ex, "high-later", 3, priority=1))
     assert run_step(s) == [("high", 3)]
     with pytest.raises(ValueError):
         make(ex, policy="shortest-first")
@@ -186,8 +198,8 @@ def test_ex7_6_priority(ex):
 def test_ex7_6_abort_frees_blocks(ex):
     s = make(ex, num_blocks=8)
     a, b = req(ex, "a", 9, max_tokens=20), req(ex, "b", 2)
-    s.add(a)
-    s.add(b)
+    queue(s, a)
+    queue(s, b)
     run_step(s)
     s.abort(a)
     s.abort(b)
@@ -198,8 +210,8 @@ def test_ex7_6_abort_frees_blocks(ex):
 def test_ex7_6_abort_a_waiting_request(ex):
     s = make(ex, num_blocks=8, max_num_seqs=1)
     a, b = req(ex, "a", 5), req(ex, "b", 3)
-    s.add(a)
-    s.add(b)
+    queue(s, a)
+    queue(s, b)
     run_step(s)  # "a" runs, "b" waits and holds no blocks
     try:
         s.abort(b)
