@@ -24,24 +24,26 @@ wait for it). So one thread, and only that thread, touches the engine:
 Fault tolerance (chapter 12.3). The loop's :attr:`~EngineLoop.state` is what
 ``/ready`` and ``/health`` report:
 
-==============  =========  ==========  =====================================================
+==============  ==========  ===========  ====================================================================
 state           ``/ready``  ``/health``  meaning
-==============  =========  ==========  =====================================================
-``loading``     503        200         building the engine (weights, kernels)
-``ready``       200        200         taking traffic
-``restarting``  503        200         an engine step failed; a fresh engine is being built
-``draining``    503        200         SIGTERM: finishing the requests in flight, refusing new ones
-``stalled``     503        503         a step has run past ``step_timeout`` (the process is wedged)
-``failed``      503        503         the engine failed for good (crash-loop guard, or it cannot be built)
-``stopped``     503        503         the loop has shut down
-==============  =========  ==========  =====================================================
+==============  ==========  ===========  ====================================================================
+``loading``     503         200          building the engine (weights, kernels)
+``ready``       200         200          taking traffic
+``restarting``  503         200          an engine step failed; a fresh engine is being built
+``draining``    503         200          SIGTERM: finishing the requests in flight, refusing new ones
+``stalled``     503         503          a step has run past ``step_timeout`` (the process is wedged)
+``failed``      503         503          the engine failed for good (crash-loop guard, or it cannot be built)
+``stopped``     503         503          the loop has shut down
+==============  ==========  ===========  ====================================================================
 
 * **A failing step.** The engine already fails *one* request alone when its
   own forward pass or sampler raises (finish reason ``"error"``). The loop
   treats as an engine failure any exception that escapes an iteration (a bug
   in the scheduler, the pool, a callback) and a step in which *every* request
   it ran failed (the batch failed, and each sequence again alone: a backend
-  that is broken, not a bad request). Then every request in that step's batch
+  that is broken, not a bad request; a step of *one* request that fails alone
+  counts too, as the loop cannot tell the two apart — a false alarm costs a
+  fresh pool, and the queue behind it is retried). Then every request in that step's batch
   — and any preempted request that already streamed tokens — gets an error
   (HTTP 500, or an error event), the failure is reported to ``on_failure`` as
   one record (the app writes it as a JSON log line and counts
