@@ -244,9 +244,11 @@ def create_app(
                           tokenizer.token_bytes)
         if req.stream:
             async def events() -> AsyncIterator[bytes]:
-                try:
-                    async for event in stream_events(stream, info, req.include_usage, engine_loop.abort):
-                        yield event
+                try:  # closing the events closes the writer at once (its finally aborts what is unfinished)
+                    async with contextlib.aclosing(
+                            stream_events(stream, info, req.include_usage, engine_loop.abort)) as writer:
+                        async for event in writer:
+                            yield event
                 finally:
                     stream.close()  # its deadline, if any, is over
 
