@@ -95,7 +95,7 @@ def test_random_workloads_catch_a_leak(mistake):
     edits, _, _ = SCHEDULER_MISTAKES[mistake]
     ex = scheduler_ex(**edits)
 
-    @settings(phases=[Phase.generate], database=None, max_examples=60, deadline=None)  # no shrinking: fast
+    @settings(phases=[Phase.generate], database=None, max_examples=100, deadline=None, derandomize=True)  # fixed, unshrunk
     @given(T76.WORKLOAD, T76.POLICIES)
     def random_workloads(workload, policy):
         T76.run_workload(ex, workload, policy)
