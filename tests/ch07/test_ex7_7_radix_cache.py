@@ -3,7 +3,8 @@
 The audit, one test per likely mistake: a match one block too short, or one that
 takes the whole prompt (its last token must be computed); a match ending inside
 an edge that is not split; insert without its own references (``incref``);
-eviction in the wrong order, or counting blocks a request still holds as freed.
+eviction in the wrong order, or counting blocks a request still holds as freed;
+insert's own walk counted as a lookup.
 """
 
 from __future__ import annotations
@@ -93,7 +94,14 @@ def test_ex7_7_hit_rate(ex):
     store(tree, alloc, list(range(8)))
     tree.match_prefix(list(range(10)))  # 8 of 10 tokens
     tree.match_prefix([99] * 10)  # 0 of 10
-    assert tree.lookups == 2 and tree.hit_tokens == 8 and tree.hit_rate == pytest.approx(0.4)
+    assert tree.lookups == 2, (
+        f"two lookups, but lookups is {tree.lookups}: count only match_prefix calls with count=True — insert's own "
+        "walk down the tree (count=False) is not a lookup"
+    )
+    assert (tree.lookup_tokens, tree.hit_tokens) == (20, 8), (
+        f"lookup_tokens {tree.lookup_tokens}, hit_tokens {tree.hit_tokens}; expected 20 looked up (10 + 10), 8 hit"
+    )
+    assert tree.hit_rate == pytest.approx(0.4), f"hit_rate is hit_tokens / lookup_tokens = 8 / 20; yours {tree.hit_rate}"
 
 
 def test_ex7_7_locks_and_lru_eviction(ex):

@@ -131,6 +131,10 @@ RADIX_MISTAKES = {
         {"insert": [("self.allocator.incref(b)", "pass")]},
         T77.test_ex7_7_insert_takes_its_own_references, "the tree must take its own (allocator.incref)",
     ),
+    "insert's walk counted as a lookup": (
+        {"match_prefix": [("    if count:\n", "    if True:\n")]},
+        T77.test_ex7_7_hit_rate, "count only match_prefix calls with count=True",
+    ),
     "most recently used evicted first": (
         {"evict": [("victim = min(leaves", "victim = max(leaves")]},
         T77.test_ex7_7_locks_and_lru_eviction, "pick the leaf with the smallest last_access",
