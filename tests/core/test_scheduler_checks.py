@@ -125,8 +125,9 @@ class FreedBlocks(RadixCache):
          "matched 8 tokens of a 8-token prompt; expected a multiple of the block size 4 from 0 to 4 — never the whole"),
         (ExtraBlock, "matched 4 tokens with 2 blocks; 4 tokens in blocks of 4 take 1"),
         (FreedBlocks, "returned blocks [15] that are not blocks the tree holds"),
+        (radix_with(insert=[("self.allocator.incref(b)", "pass")]), "that are not blocks the tree holds (ids 0..15, in use)"),
     ],
-    ids=["the whole prompt matched", "a block too many", "free blocks"],
+    ids=["the whole prompt matched", "a block too many", "free blocks", "insert without incref"],
 )
 def test_a_broken_prefix_match_is_named_before_it_is_used(net, prefix_cache_class, message):
     e = engine(net, prefix_caching=True, prefix_cache_class=prefix_cache_class, max_num_seqs=1)
