@@ -39,6 +39,7 @@ import numpy as np
 from llvmlite import ir
 from numba import njit, prange, types
 from numba.core import cgutils
+from numba.core.errors import TypingError
 from numba.extending import intrinsic
 
 from .inspect import target_lacks
@@ -175,9 +176,18 @@ def _row_dot(context, builder, signature, args, affine: bool):
     return _hsum(builder, builder.load(acc), builder.load(offset))
 
 
+def _check_arrays(*arrays) -> None:
+    """The IR indexes raw data pointers: only C-contiguous 2-D arrays are laid out as it assumes."""
+    for a in arrays:
+        if not (isinstance(a, types.Array) and a.ndim == 2 and a.layout == "C"):
+            raise TypingError(f"the int8 row dot products read C-contiguous 2-D arrays; got {a}")
+
+
 @intrinsic
 def q4_row_dot(typingctx, qs, d, m, xq, xd, xs, row, t):
     """``sum_b d[row, b] xd[t, b] (q_w . q_x)_b + m[row, b] xs[t, b]`` as float32 (AVX2)."""
+    _check_arrays(qs, d, m, xq, xd, xs)
+
     def codegen(context, builder, signature, args):
         return _row_dot(context, builder, signature, args, affine=True)
 
@@ -187,11 +197,12 @@ def q4_row_dot(typingctx, qs, d, m, xq, xd, xs, row, t):
 @intrinsic
 def q8_row_dot(typingctx, qs, d, xq, xd, row, t):
     """``sum_b d[row, b] xd[t, b] (q_w . q_x)_b`` as float32, for signed int8 weight codes (AVX2)."""
+    _check_arrays(qs, d, xq, xd)
+
     def codegen(context, builder, signature, args):
         return _row_dot(context, builder, signature, args, affine=False)
 
     return types.float32(qs, d, xq, xd, row, t), codegen
-
 
 
 def int8_unavailable() -> str | None:
