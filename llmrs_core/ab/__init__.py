@@ -16,7 +16,7 @@ One idea per module:
 The router itself is :mod:`llmrs_core.server.router` (it needs the ``serve`` extra).
 """
 
-from .assign import assign, check_weights, user_bucket, user_hash
+from .assign import check_weights, user_bucket, user_hash  # (the function assign: from .assign import assign)
 from .stats import (
     Comparison,
     Interval,
@@ -31,7 +31,6 @@ __all__ = [
     "Comparison",
     "Interval",
     "MannWhitney",
-    "assign",
     "bootstrap_diff_ci",
     "check_weights",
     "compare",
