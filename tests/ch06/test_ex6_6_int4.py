@@ -5,8 +5,9 @@ Q4_0 / Q4_1 block bytes (they must be identical). Wrong bytes or values are
 compared with the engine's quantiser and dequantiser (equal to llama.cpp's)
 computed with each known mistake, so the message names the one they match. The
 audit, one test per likely mistake: the scale from max instead of absmax (or
-over 128); swapped nibbles; no sign extension; Q4 nibbles in pack_int4's order;
-Q4_1's d over 16 steps; the Q4_0 offset or Q4_1's m forgotten.
+over 128); an asymmetric range not widened to include 0; swapped nibbles; no
+sign extension; Q4 nibbles in pack_int4's order; Q4_1's d over 16 steps; the
+Q4_0 offset or Q4_1's m forgotten.
 """
 
 from __future__ import annotations
@@ -51,6 +52,19 @@ def test_ex6_6_asymmetric_int4_by_hand(ex):
     # range [0, 7.5] over codes 0..15 -> scale 0.5, zero point 0
     assert q.scales == pytest.approx(0.5) and int(q.zero_points) == 0
     assert q.codes.tolist() == [0, 3, 6, 15] and q.codes.dtype == np.uint8
+
+
+def test_ex6_6_asymmetric_range_includes_zero(ex):
+    x = np.array([1.0, 2.5, 4.0, 8.5], dtype=np.float32)  # all positive
+    q = ex.quantize_int(x, bits=4, symmetric=False)
+    scale = float(np.asarray(q.scales))
+    assert scale != pytest.approx(0.5), (
+        "scale 0.5 = (8.5 - 1.0) / 15: widen [min, max] to include 0 first ([0, 8.5], scale 8.5 / 15), so that 0.0 "
+        "(padding, ReLU zeros) is stored exactly and the zero point is a code in 0..15"
+    )
+    assert scale == pytest.approx(8.5 / 15) and int(q.zero_points) == 0, (
+        f"over [0, 8.5]: scale 8.5 / 15 and zero point 0; yours {scale:.6g} and {q.zero_points}"
+    )
 
 
 @pytest.mark.parametrize("bits", [8, 4])

@@ -52,6 +52,10 @@ MISTAKES = {
         {"quantize_int": plant(integer.quantize, (SCALE, "exact = np.maximum(-lo, hi) / (scheme.qmax + 1) if symmetric"))},
         T66.test_ex6_6_symmetric_scale_is_absmax_over_qmax, (), "= max|x| / 128",
     ),
+    "asymmetric range without 0": (
+        {"quantize_int": plant(integer.quantize, ("lo = np.minimum(blocks.min(axis=1), 0.0)", "lo = blocks.min(axis=1)"))},
+        T66.test_ex6_6_asymmetric_range_includes_zero, (), "widen [min, max] to include 0 first",
+    ),
     "nibbles swapped": (
         {"pack_int4": plant(integer.pack_int4, (PACK, "return nibbles[..., 1::2] | (nibbles[..., 0::2] << 4)"))},
         T66.test_ex6_6_nibble_packing, (), "the nibbles are swapped",
@@ -156,7 +160,8 @@ def test_each_gguf_parsing_mistake_gets_its_own_message(mistake):
 
 
 def test_the_solution_passes_the_diagnosing_tests():
-    for name in ("test_ex6_6_symmetric_scale_is_absmax_over_qmax", "test_ex6_6_nibble_packing",
+    for name in ("test_ex6_6_symmetric_scale_is_absmax_over_qmax", "test_ex6_6_asymmetric_range_includes_zero",
+                 "test_ex6_6_nibble_packing",
                  "test_ex6_6_unpack_sign_extends", "test_ex6_7_header", "test_ex6_7_strings"):
         getattr(T66 if "6_6" in name else T67, name)(SOLUTION)
     for kind in ("q4_0", "q4_1"):
