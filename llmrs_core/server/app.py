@@ -130,6 +130,7 @@ def create_app(
     def make_engine() -> Engine:
         if warm_up and not built:  # a restart reuses the compiled kernels: only the engine state is new
             model.warm_up()
+            _warm_up_engine(model, block_size)
         built.append(1)
         return Engine(model.network, tokenizer, num_blocks=num_blocks, block_size=block_size,
                       max_num_seqs=max_num_seqs)
@@ -361,6 +362,20 @@ def create_app(
 
     started = int(time.time())
     return app
+
+
+def _warm_up_engine(model: Model, block_size: int) -> None:
+    """Two throwaway requests, batched, through a small engine of their own: ``model.warm_up``
+    compiles the dense products, this the paged-attention prefill and decode and the batched
+    step the server runs, so that ``/ready`` means the first request computes, not compiles
+    (a few seconds on an empty Numba cache). The server's engine starts fresh: no metrics,
+    prefix-cache counters or request ids of these."""
+    engine = Engine(model.network, model.tokenizer, num_blocks=8, block_size=block_size, max_num_seqs=2,
+                    prefix_caching=False)
+    for n in (3, block_size + 2):  # one prompt inside a block, one across a block boundary
+        engine.add_request([0] * n, max_tokens=3, ignore_eos=True)
+    for _ in engine.run():
+        pass
 
 
 async def read_json(request: Request, max_bytes: int) -> Any:
