@@ -653,14 +653,15 @@ class EngineLoop:
                 engine.abort(rid)
             except Exception:
                 pass
-        outputs = [RequestOutput(rid, [], "", True, "error", error=f"request {rid!r} failed: {text}")
+        answers = [RequestOutput(rid, [], "", True, "error", error=f"request {rid!r} failed: {text}")
                    for rid in failed]
-        for out in outputs:
-            self._deliver(out)
         gone = [rid for rid in (self._stall_ids if stalled else ()) if rid in engine.requests]
-        outputs += [RequestOutput(rid, [], "", True, "error", error=message) for rid in gone]
-        self._observe_quietly(engine, outputs)
+        # metrics and the log line first: a client that has its error finds both already written
+        self._observe_quietly(engine, answers + [RequestOutput(rid, [], "", True, "error", error=message)
+                                                 for rid in gone])
         self._report(record)
+        for out in answers:
+            self._deliver(out)
         if give_up:
             self.error = (f"the engine failed {len(self._failures)} times within {self.restart_window:g} s, "
                           f"the last time: {message}; the server is unready for good")
@@ -743,12 +744,12 @@ class EngineLoop:
                        "the server is unready and failed every request in flight")
             self.last_failure = message
             error = EngineDeadError(message)
+            self._report({"event": "engine_failure", "time": round(time.time(), 3), "error": message,
+                          "where": "stall", "action": "unready", "failed": sorted(streams)})
             for s in submissions:
                 _call_soon(s.stream.loop, _settle, s.accepted, error)
             for stream in {id(s): s for s in streams.values()}.values():
                 _call_soon(stream.loop, stream.fail, error)
-            self._report({"event": "engine_failure", "time": round(time.time(), 3), "error": message,
-                          "where": "stall", "action": "unready", "failed": sorted(streams)})
 
     def _fail_streams(self, engine: Engine, error: StreamError) -> None:
         """Abort every request in flight and end its stream with ``error`` (the drain timeout)."""
