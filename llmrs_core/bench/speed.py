@@ -72,8 +72,9 @@ def _llama_cpp_runs(path: str, pp: int, tg: int, threads: int, seed: int = 0):
         from llama_cpp import Llama
     except ImportError:
         return None
-    # n_threads_batch too: llama-cpp-python defaults it to every core, whatever n_threads says
-    llm = Llama(model_path=str(path), n_ctx=max(pp, tg + 16) + 8, n_batch=max(pp, 32), n_threads=threads,
+    # n_threads_batch too: llama-cpp-python defaults it to every core, whatever n_threads says. Without
+    # logits_all its `scores` has n_batch rows, indexed by position: tg's last is 8 + tg - 1.
+    llm = Llama(model_path=str(path), n_ctx=max(pp, tg + 16) + 8, n_batch=max(pp, tg + 8, 32), n_threads=threads,
                 n_threads_batch=threads, verbose=False)
     prompt = random_ids(np.random.default_rng(seed), llm.n_vocab(), pp)
 
