@@ -107,5 +107,14 @@ class Backend(ABC):
         """The token chooser for ``params`` (``sampler(logits, history) -> id``)."""
         return Sampler(params)
 
+    def engine_classes(self) -> tuple[type, type]:
+        """``(scheduler class, prefix-cache class)`` that an :class:`~llmrs_core.engine.Engine`
+        over this backend uses unless told otherwise (chapter 7): the engine's own; the learner
+        backend's are the learner's where Exercises 7.6 and 7.7 are written."""
+        from ..engine.radix_cache import RadixCache
+        from ..engine.scheduler import Scheduler
+
+        return Scheduler, RadixCache
+
     def describe(self) -> str:
         return self.name

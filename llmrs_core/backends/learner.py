@@ -120,6 +120,7 @@ class LearnerBackend(NumpyBackend):
             if chosen is not None:
                 setattr(self, op, chosen)
         self._learner_sample = self._choose_sampler(getattr(ch4, "sample_token", None))
+        self._engine_classes = self._choose_engine_classes(root)
 
     def _choose(self, op: str, label: str, theirs: Callable | None, reference: Callable, probe: tuple):
         if theirs is None:
@@ -160,6 +161,52 @@ class LearnerBackend(NumpyBackend):
             return None
         self.parts["sampler"] = Part(label, "yours")
         return theirs
+
+    def _choose_engine_classes(self, root: Any) -> tuple[type, type]:
+        """Chapter 7's Scheduler (7.6) and RadixCache (7.7), each where it is written: constructed
+        once on a small pool to see. The engine checks every schedule and prefix match they give it
+        (``engine.checks``), so a wrong one is named when it misbehaves, not before."""
+        from ..config import ModelConfig
+        from ..engine.radix_cache import RadixCache
+        from ..engine.scheduler import Scheduler
+        from ..kv_cache.paged import PagedKVCache
+        from ..workbook import exercises
+
+        chosen = []
+        try:
+            ch7 = exercises(7, "learner", root=root)
+        except FileNotFoundError:
+            ch7 = None
+        tiny = ModelConfig(vocab_size=8, hidden_size=8, intermediate_size=8, n_layers=1, n_heads=1, n_kv_heads=1,
+                           head_dim=8, context_length=16, rope_theta=1e4, rms_norm_eps=1e-5, tie_embeddings=True)
+        cache = PagedKVCache(tiny, num_blocks=4, block_size=4)
+        for op, label, name, reference, make in (
+            ("scheduler", "scheduler (Exercise 7.6)", "Scheduler", Scheduler, lambda cls: cls(cache, 2, 8, "fcfs", None)),
+            ("prefix_cache", "prefix cache (Exercise 7.7)", "RadixCache", RadixCache,
+             lambda cls: cls(cache.allocator, 4)),
+        ):
+            theirs = getattr(ch7, name, None) if ch7 is not None else None
+            if theirs is None or theirs is reference:
+                self.parts[op] = Part(label, "reference", "not in your exercises")
+                chosen.append(reference)
+                continue
+            try:
+                make(theirs)
+            except NotImplementedError:
+                self.parts[op] = Part(label, "reference", "not implemented yet")
+                chosen.append(reference)
+                continue
+            except Exception as e:
+                self.parts[op] = Part(label, "reference", f"yours raised {type(e).__name__}: {e}")
+                chosen.append(reference)
+                continue
+            self.parts[op] = Part(label, "yours", "used by the batching engine (generate with several prompts, "
+                                                  "bench throughput, serve)")
+            chosen.append(theirs)
+        return chosen[0], chosen[1]
+
+    def engine_classes(self) -> tuple[type, type]:
+        return self._engine_classes
 
     def sampler(self, params: SamplingParams) -> Callable[..., int]:
         if self._learner_sample is None:

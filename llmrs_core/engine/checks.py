@@ -53,6 +53,11 @@ def checked_schedule(
         raise SchedulerProtocolError(
             f"{where} returned {type(chunks).__name__}; expected a list of ScheduledChunk(request, n_tokens)"
         )
+    if not chunks and scheduler.running:
+        raise SchedulerProtocolError(
+            f"{where} returned no chunks while {len(scheduler.running)} request(s) are running: each step must "
+            "run at least one of them, or the engine would step forever without progress"
+        )
     seen: set[str] = set()
     total = 0
     for i, chunk in enumerate(chunks):

@@ -30,8 +30,7 @@ from ..sampling import SamplingParams
 from ..tokenizer import Tokenizer
 from ..validation import check_max_tokens, normalise_stop, prompt_ids, stop_token_set
 from .checks import checked_schedule
-from .radix_cache import RadixCache
-from .scheduler import Request, RequestRejected, RequestStatus, Scheduler
+from .scheduler import Request, RequestRejected, RequestStatus
 
 
 class Network(Protocol):
@@ -129,7 +128,8 @@ class Engine:
         policy: ``"fcfs"`` or ``"priority"``.
         prefix_caching: reuse the KV blocks of shared prompt prefixes (radix tree).
         scheduler_class, prefix_cache_class: other implementations with the same
-            interface — chapter 7's exercises plug yours in here.
+            interface — chapter 7's exercises plug yours in here (default: the backend's
+            ``engine_classes()``: the engine's own, or the learner backend's).
 
     Each request samples with the sampler the model's backend makes for its
     parameters (``backend.sampler``: the learner backend's is the learner's),
@@ -148,13 +148,16 @@ class Engine:
         max_num_batched_tokens: int = 512,
         policy: str = "fcfs",
         prefix_caching: bool = True,
-        scheduler_class: type = Scheduler,
-        prefix_cache_class: type = RadixCache,
+        scheduler_class: type | None = None,
+        prefix_cache_class: type | None = None,
     ):
         self.model = model
         self.tokenizer = tokenizer
         self.cache = PagedKVCache(model.config, num_blocks=num_blocks, block_size=block_size, xp=model.backend.xp)
         self.make_sampler: Callable[[SamplingParams], Callable[..., int]] = model.backend.sampler
+        default_scheduler, default_prefix_cache = model.backend.engine_classes()
+        scheduler_class = scheduler_class or default_scheduler
+        prefix_cache_class = prefix_cache_class or default_prefix_cache
         self.prefix_cache = prefix_cache_class(self.cache.allocator, block_size) if prefix_caching else None
         self.scheduler = scheduler_class(self.cache, max_num_seqs, max_num_batched_tokens, policy, self.prefix_cache)
         self.requests: dict[str, Request] = {}
