@@ -439,6 +439,36 @@ def plant(func: Any, *edits: tuple[str, str], name: str | None = None, **globals
     return namespace[name or func.__name__]
 
 
+def with_methods(base: type, **edits: list[tuple[str, str]]) -> type:
+    """A subclass of ``base`` whose methods ``name=[(old, new), ...]`` carry :func:`plant`'s edits:
+    a learner's class with known mistakes."""
+    return type(base.__name__, (base,), {name: plant(getattr(base, name), *e) for name, e in edits.items()})
+
+
+def chapter_tests(chapter: int, filename: str) -> Any:
+    """The test module ``tests/chNN/filename`` of the checkout, loaded under a name of its own, so
+    that a diagnosis test can call the chapter's tests with a planted mistake."""
+    import importlib.util
+
+    from .workbook import find_root
+
+    path = find_root() / "tests" / f"ch{chapter:02d}" / filename
+    spec = importlib.util.spec_from_file_location(f"diagnosed_{path.stem}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def failure_message(test: Any, *args: Any) -> str:
+    """The message with which ``test(*args)`` fails (``AssertionError`` or ``pytest.fail``);
+    a test that passes fails the diagnosis test instead."""
+    import pytest
+
+    with pytest.raises((AssertionError, pytest.fail.Exception)) as e:
+        test(*args)
+    return str(e.value)
+
+
 def solution_with(chapter: int, **planted: Any) -> Any:
     """A copy of ``chapter``'s solution module (its public names in a namespace) with some
     names replaced, e.g. by :func:`plant`'s copies: a learner's module with known mistakes."""

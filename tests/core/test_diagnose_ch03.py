@@ -10,30 +10,20 @@ changed) fails loudly, so the proof cannot go stale in silence.
 
 from __future__ import annotations
 
-import importlib.util
 import types
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from llmrs_core import attention, rope
-from llmrs_core.testing import plant
+from llmrs_core.testing import chapter_tests, plant
 from llmrs_core.testing import solution_with as chapter_solution_with
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")  # overflow and NaN in planted mistakes
-CH03 = Path(__file__).resolve().parents[1] / "ch03"
 
 
-def load_tests(filename: str) -> types.ModuleType:
-    spec = importlib.util.spec_from_file_location(f"diagnosed_{filename[:-3]}", CH03 / filename)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-T36 = load_tests("test_ex3_6_attention.py")
-T37 = load_tests("test_ex3_7_rope.py")
+T36 = chapter_tests(3, "test_ex3_6_attention.py")
+T37 = chapter_tests(3, "test_ex3_7_rope.py")
 
 
 def solution_with(**planted) -> types.SimpleNamespace:

@@ -10,40 +10,16 @@ mistake must fail with its own message. A planted edit that no longer applies
 
 from __future__ import annotations
 
-import importlib.util
-import types
-from pathlib import Path
-
 import pytest
 
 from llmrs_core.kv_cache import paged
 from llmrs_core.kv_cache.contiguous import ContiguousKVCache
 from llmrs_core.kv_cache.paged import PagedKVCache
-from llmrs_core.testing import plant, solution_with, write_tiny_llama
+from llmrs_core.testing import chapter_tests, plant, solution_with, with_methods, write_tiny_llama
+from llmrs_core.testing import failure_message as failure
 
-CH05 = Path(__file__).resolve().parents[1] / "ch05"
-
-
-def load_tests(filename: str) -> types.ModuleType:
-    spec = importlib.util.spec_from_file_location(f"diagnosed_{filename[:-3]}", CH05 / filename)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-T56 = load_tests("test_ex5_6_contiguous_cache.py")
-T57 = load_tests("test_ex5_7_paged_attention.py")
-
-
-def with_methods(base: type, **edits) -> type:
-    """A subclass of ``base`` whose methods ``name=[(old, new), ...]`` carry the planted edits."""
-    return type(base.__name__, (base,), {name: plant(getattr(base, name), *e) for name, e in edits.items()})
-
-
-def failure(test, *args) -> str:
-    with pytest.raises((AssertionError, pytest.fail.Exception)) as e:
-        test(*args)
-    return str(e.value)
+T56 = chapter_tests(5, "test_ex5_6_contiguous_cache.py")
+T57 = chapter_tests(5, "test_ex5_7_paged_attention.py")
 
 
 @pytest.fixture(scope="module")

@@ -9,36 +9,20 @@ mistake must fail with its own message.
 
 from __future__ import annotations
 
-import importlib.util
 import struct
-import types
-from pathlib import Path
 
 import pytest
 
 from llmrs_core.quant import dequant, ggml_blocks, integer
-from llmrs_core.testing import plant, solution_with
+from llmrs_core.testing import chapter_tests, plant, solution_with
+from llmrs_core.testing import failure_message as failure
 
 pytest.importorskip("gguf")
-CH06 = Path(__file__).resolve().parents[1] / "ch06"
 
 
-def load_tests(filename: str) -> types.ModuleType:
-    spec = importlib.util.spec_from_file_location(f"diagnosed_{filename[:-3]}", CH06 / filename)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-T66 = load_tests("test_ex6_6_int4.py")
-T67 = load_tests("test_ex6_7_gguf_parsing.py")
+T66 = chapter_tests(6, "test_ex6_6_int4.py")
+T67 = chapter_tests(6, "test_ex6_7_gguf_parsing.py")
 SOLUTION = solution_with(6)
-
-
-def failure(test, *args) -> str:
-    with pytest.raises((AssertionError, pytest.fail.Exception)) as e:
-        test(*args)
-    return str(e.value)
 
 
 SCALE = "exact = np.maximum(-lo, hi) / scheme.qmax if symmetric"

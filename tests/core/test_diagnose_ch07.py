@@ -10,40 +10,16 @@ mistake must fail with its own message. A planted edit that no longer applies
 
 from __future__ import annotations
 
-import importlib.util
-import types
-from pathlib import Path
-
 import pytest
 from hypothesis import Phase, given, settings
 
 from llmrs_core.engine.radix_cache import RadixCache
 from llmrs_core.engine.scheduler import Scheduler
-from llmrs_core.testing import plant, solution_with
+from llmrs_core.testing import chapter_tests, solution_with, with_methods
+from llmrs_core.testing import failure_message as failure
 
-CH07 = Path(__file__).resolve().parents[1] / "ch07"
-
-
-def load_tests(filename: str) -> types.ModuleType:
-    spec = importlib.util.spec_from_file_location(f"diagnosed_{filename[:-3]}", CH07 / filename)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-T76 = load_tests("test_ex7_6_scheduler.py")
-T77 = load_tests("test_ex7_7_radix_cache.py")
-
-
-def with_methods(base: type, **edits) -> type:
-    """A subclass of ``base`` whose methods ``name=[(old, new), ...]`` carry the planted edits."""
-    return type(base.__name__, (base,), {name: plant(getattr(base, name), *e) for name, e in edits.items()})
-
-
-def failure(test, *args) -> str:
-    with pytest.raises((AssertionError, pytest.fail.Exception)) as e:
-        test(*args)
-    return str(e.value)
+T76 = chapter_tests(7, "test_ex7_6_scheduler.py")
+T77 = chapter_tests(7, "test_ex7_7_radix_cache.py")
 
 
 def scheduler_ex(**edits):

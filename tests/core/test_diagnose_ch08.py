@@ -11,10 +11,6 @@ so no compilation is needed.
 
 from __future__ import annotations
 
-import importlib.util
-import types
-from pathlib import Path
-
 import pytest
 
 import llmrs_core as llmrs
@@ -23,28 +19,13 @@ from llmrs_core.formats.ggml_types import GGMLType
 from llmrs_core.formats.gguf import TensorToWrite, write_gguf
 from llmrs_core.kernels.cpu import matmul
 from llmrs_core.quant.ggml_blocks import quantize
-from llmrs_core.testing import plant, solution_with, tiny_llama_metadata, tiny_llama_tensors
+from llmrs_core.testing import chapter_tests, plant, solution_with, tiny_llama_metadata, tiny_llama_tensors
+from llmrs_core.testing import failure_message as failure
 
-CH08 = Path(__file__).resolve().parents[1] / "ch08"
-
-
-def load_tests(filename: str) -> types.ModuleType:
-    spec = importlib.util.spec_from_file_location(f"diagnosed_{filename[:-3]}", CH08 / filename)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-T86 = load_tests("test_ex8_6_simd_matvec.py")
-T87 = load_tests("test_ex8_7_parallel_matvec.py")
-T88 = load_tests("test_ex8_8_profiling.py")
+T86 = chapter_tests(8, "test_ex8_6_simd_matvec.py")
+T87 = chapter_tests(8, "test_ex8_7_parallel_matvec.py")
+T88 = chapter_tests(8, "test_ex8_8_profiling.py")
 SOLUTION = solution_with(8)
-
-
-def failure(test, *args) -> str:
-    with pytest.raises((AssertionError, pytest.fail.Exception)) as e:
-        test(*args)
-    return str(e.value)
 
 
 def compiled(name, fn, *args):

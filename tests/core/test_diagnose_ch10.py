@@ -9,35 +9,20 @@ the mistake must fail with its own message.
 
 from __future__ import annotations
 
-import importlib.util
-import types
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from llmrs_core.formats.hf import HFWeights
-from llmrs_core.testing import plant, solution_with
+from llmrs_core.testing import chapter_tests, plant, solution_with
+from llmrs_core.testing import failure_message as failure
 
 pytest.importorskip("safetensors")
-CH10 = Path(__file__).resolve().parents[1] / "ch10"
 
 
-def load_tests(filename: str) -> types.ModuleType:
-    spec = importlib.util.spec_from_file_location(f"diagnosed_{filename[:-3]}", CH10 / filename)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-T106 = load_tests("test_ex10_6_model_loader.py")
+T106 = chapter_tests(10, "test_ex10_6_model_loader.py")
 SOLUTION = solution_with(10)
-
-
-def failure(test, *args) -> str:
-    with pytest.raises((AssertionError, pytest.fail.Exception)) as e:
-        test(*args)
-    return str(e.value)
 
 
 def loader(bf16, from_file_start=False):
@@ -127,7 +112,7 @@ def test_metadata_of_the_wrong_type_is_named(tmp_path):
     """A writer that stores a bool as an int reads back 1, not True: the test says which key and why."""
     from llmrs_core.formats.gguf import GGUFField, GGUFValueType
 
-    T107 = load_tests("test_ex10_7_gguf_parser.py")
+    T107 = chapter_tests(10, "test_ex10_7_gguf_parser.py")
 
     def bool_as_int(path, metadata, tensors, *, version=3):
         fixed = {k: GGUFField(int(v), GGUFValueType.INT32) if isinstance(v, bool) else v for k, v in metadata.items()}
