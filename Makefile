@@ -105,11 +105,11 @@ check-env:
 
 # -- the whole suite (CI runs this through .ci/run) ------------------------
 
-# Every step but lint is single-process and mostly single-threaded, so two at a time keep two cores
-# busy: nbval (the longest) in one lane, the test runs in the other. Each step's output is printed
-# whole when it ends (--output-sync), so failures read as they would run one by one. TEST_JOBS=1
-# runs them in sequence, printing as they go.
-TEST_JOBS ?= 2
+# The steps run one after another by default. TEST_JOBS=2 runs two at a time, each step's output
+# printed whole when it ends (--output-sync). Measured on 2 cores, that is slower: Numba's threaded
+# kernels in two processes contend for the cores, and test-portable's haswell leg took 939 s next
+# to nbval, against about 200 s alone.
+TEST_JOBS ?= 1
 test: fetch
 	@start=$$(date +%s); \
 	$(MAKE) --no-print-directory lint && \
