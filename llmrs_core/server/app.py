@@ -231,7 +231,7 @@ def create_app(
         observer.register(list(choice_of), client, context_from_headers(request.headers), prompt_of)
         try:
             try:
-                stream = await engine_loop.submit(requests, timeout=request_timeout)
+                stream = await engine_loop.submit(requests, timeout=request_timeout, bounded=req.stream)
             except BaseException:
                 observer.discard(list(choice_of))
                 raise

@@ -67,8 +67,11 @@ state           ``/ready``  ``/health``  meaning
   aborted (their blocks are free before the next step) and the stream raises
   :class:`RequestTimeoutError` (HTTP 504).
 * **Slow consumers**: a stream buffers at most ``max_buffered`` outputs per
-  request that its client has not taken (the socket's buffers come first); past that the requests are aborted and the stream
-  raises :class:`SlowConsumerError`. The other requests never wait for it.
+  request that its client has not taken (the socket's buffers come first); past
+  that the requests are aborted and the stream raises :class:`SlowConsumerError`.
+  The other requests never wait for it. Only streamed responses are bounded
+  (``submit(..., bounded=False)`` for the others: their handler reads the
+  outputs itself, and a busy event loop is no slow client).
 * **A stalled step** (``step_timeout``): a watchdog thread sees a step running
   too long, marks the loop ``stalled`` and fails every request in flight and
   every pending submission at once (HTTP 503, or an error event): the HTTP
@@ -261,7 +264,8 @@ def _call_soon(loop: asyncio.AbstractEventLoop, fn: Callable, *args: object) -> 
 
 
 class _StepFailed(Exception):
-    """Every request of an engine step failed (their error outputs are already delivered)."""
+    """Every request of an engine step failed (their error outputs, already observed by
+    ``on_step``, are delivered by ``_recover`` once the failure is logged)."""
 
     def __init__(self, outputs: list[RequestOutput], batch: list[dict]):
         super().__init__(outputs[0].error or "every request of the step failed")
@@ -426,18 +430,23 @@ class EngineLoop:
 
     # -- the handlers' side (event loop) ------------------------------------------------
 
-    async def submit(self, requests: Sequence[EngineRequest], timeout: float | None = None) -> ResponseStream:
+    async def submit(self, requests: Sequence[EngineRequest], timeout: float | None = None,
+                     bounded: bool = True) -> ResponseStream:
         """Queue the requests of one HTTP call; returns their stream once the engine accepted all.
 
         ``timeout``: the requests' deadline in seconds from now (the stream raises
-        :class:`RequestTimeoutError` then). Raises :class:`QueueFullError` (nothing queued),
+        :class:`RequestTimeoutError` then). ``bounded``: whether the stream holds at most
+        ``max_buffered`` outputs per request; a handler that reads the stream itself (a
+        non-streamed response, at most ``max_tokens`` outputs per request) passes ``False``,
+        since outputs wait there only while the event loop is busy, not for a slow client. Raises :class:`QueueFullError` (nothing queued),
         ``RequestRejected`` / ``ValueError`` from ``Engine.add_request`` (nothing left in the
         engine), :class:`EngineDeadError`, or :class:`RequestTimeoutError` (the deadline passed
         before the engine took them). If the caller is cancelled while waiting, the requests
         are aborted.
         """
         loop = asyncio.get_running_loop()
-        stream = ResponseStream([r.request_id for r in requests], loop, max_buffered=self.max_buffered,
+        stream = ResponseStream([r.request_id for r in requests], loop,
+                                max_buffered=self.max_buffered if bounded else None,
                                 timeout=timeout, abort=self.abort)
         submission = _Submission(list(requests), stream, loop.create_future())
         with self._cond:
@@ -532,7 +541,7 @@ class EngineLoop:
             self._shut_down(engine, EngineDeadError(self.error), "failed")
 
     def _iterate(self, engine: Engine, submissions: list[_Submission], aborts: set[str]) -> None:
-        """One iteration: admit, apply aborts, step, deliver, observe, release."""
+        """One iteration: admit, apply aborts, step, observe, deliver, release."""
         for s in submissions:
             self._admit(engine, s, aborts)
         finished = [rid for rid in aborts if rid in self._streams]
@@ -545,14 +554,16 @@ class EngineLoop:
             outputs = self._step(engine)
             self.steps = engine.steps
             engine.check_progress(outputs)
-        for out in outputs:
-            self._deliver(out)
-        if self._on_step is not None:
-            self._on_step(engine, aborted + outputs)
         failed = None
         if outputs and not engine.scheduler.running and all(o.finish_reason == "error" for o in outputs):
-            # the batch failed, and each sequence again alone: the engine's fault, not a request's
+            # the batch failed, and each sequence again alone: the engine's fault, not a request's.
+            # Its error outputs reach their clients from _recover, after the failure is logged.
             failed = _StepFailed(outputs, self._batch(engine, [o.request_id for o in outputs]))
+        if self._on_step is not None:  # metrics and log lines first: a client holding its answer finds them
+            self._on_step(engine, aborted + outputs)
+        if failed is None:
+            for out in outputs:
+                self._deliver(out)
         for rid in finished + [o.request_id for o in outputs if o.finished]:
             engine.release(rid)
         self._engine_waiting = len(engine.scheduler.waiting)
@@ -653,14 +664,15 @@ class EngineLoop:
                 engine.abort(rid)
             except Exception:
                 pass
+        own = {o.request_id: o for o in error.outputs} if isinstance(error, _StepFailed) else {}
         answers = [RequestOutput(rid, [], "", True, "error", error=f"request {rid!r} failed: {text}")
-                   for rid in failed]
+                   for rid in failed if rid not in own]
         gone = [rid for rid in (self._stall_ids if stalled else ()) if rid in engine.requests]
         # metrics and the log line first: a client that has its error finds both already written
         self._observe_quietly(engine, answers + [RequestOutput(rid, [], "", True, "error", error=message)
                                                  for rid in gone])
         self._report(record)
-        for out in answers:
+        for out in answers + list(own.values()):  # the step's own errors were observed by on_step
             self._deliver(out)
         if give_up:
             self.error = (f"the engine failed {len(self._failures)} times within {self.restart_window:g} s, "

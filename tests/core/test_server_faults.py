@@ -140,6 +140,33 @@ def test_a_failing_step_fails_its_request_with_500_logs_its_batch_and_restarts_t
         s.assert_no_leak()
 
 
+class SlowLog(io.StringIO):
+    """A request log whose every write takes a while: a client answered before its line is
+    written would find it missing."""
+
+    def write(self, text: str) -> int:
+        time.sleep(0.2)
+        return super().write(text)
+
+
+def test_a_client_holding_its_answer_finds_it_logged_and_counted(model):
+    inject_faults(model, fail_at=3, fail_for=1)
+    log = SlowLog()
+    app = create_app(model, served_model_name="tiny", warm_up=False, request_log=log)
+    with BackgroundServer(app) as url:
+        s = Live(app, url, log)
+        with pytest.raises(openai.InternalServerError):
+            s.client.completions.create(model="tiny", prompt="hello", max_tokens=8, temperature=0)
+        # no waiting here: the failure's line and count were written before its client's 500 left
+        assert [f["action"] for f in s.events("engine_failure")] == ["restart"], (
+            "the client had its error before the engine failure was logged")
+        assert [r["finish_reason"] for r in s.events("request")] == ["error"]
+        s.wait_for("the fresh engine", lambda: s.loop.state == "ready")
+        s.client.completions.create(model="tiny", prompt="hello", max_tokens=4, temperature=0)
+        assert [r["finish_reason"] for r in s.events("request")] == ["error", "length"], (
+            "the client had its completion before its request line was logged")
+
+
 def test_a_failing_step_in_a_stream_sends_an_error_event_then_done(model):
     inject_faults(model, fail_at=4, fail_for=1)
     app, background, log = serve(model)
@@ -449,11 +476,12 @@ def test_sigterm_during_a_burst_drains_and_exits_0(tiny_path):
                     async with http.stream("POST", "/v1/completions",
                                            json=stream_body(f"burst {i}", 480 if i % 2 else 8)) as r:
                         assert r.status_code == 200
-                        lines = []
+                        lines, streaming = [], False
                         async for line in r.aiter_lines():
                             lines.append(line)
-                            if line.startswith("data: {") and not started.is_set():
-                                count += 1
+                            if line.startswith("data: {") and not streaming:
+                                streaming = True
+                                count += 1  # this request is streaming: SIGTERM once all six are
                                 if count == 6:
                                     started.set()
                     assert lines[-2] == "data: [DONE]" or lines[-1] == "data: [DONE]", lines[-3:]
