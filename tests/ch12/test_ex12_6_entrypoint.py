@@ -35,11 +35,16 @@ def gguf(tmp_path_factory) -> Path:
     return path
 
 
-def check(ex, env: dict[str, str], cores: int = CORES) -> ServeSettings:
-    return ex.check_serve_environment(env, cores)
+def check(ex, env: dict[str, str], cores: int = CORES, why: str = "") -> ServeSettings:
+    """The learner's settings for a good ``env``; a refusal fails with its problems and ``why`` it is good."""
+    try:
+        return ex.check_serve_environment(env, cores)
+    except ServeEnvironmentError as e:
+        pytest.fail(f"your check refused {env} (cpu_count={cores}), a good environment: {e.problems}"
+                    + (f"; {why}" if why else ""))
 
 
-def problems(ex, env: dict[str, str], cores: int = CORES) -> list[str]:
+def problems(ex, env: dict[str, str], cores: int = CORES, why: str = "") -> list[str]:
     """The problems the learner's check reports for ``env`` (it must raise ServeEnvironmentError)."""
     try:
         settings = ex.check_serve_environment(env, cores)
@@ -51,12 +56,12 @@ def problems(ex, env: dict[str, str], cores: int = CORES) -> list[str]:
     except Exception as e:  # noqa: BLE001 - the learner's mistake, named
         pytest.fail(f"for {env} your check raised {type(e).__name__}: {e}; raise ServeEnvironmentError([...]) "
                     "naming the variable, so the container says what to fix")
-    pytest.fail(f"your check accepted {env} (returned {settings}); a container started with it would fail later, "
-                "far from its cause")
+    pytest.fail(f"your check accepted {env} (cpu_count={cores}; it returned {settings}); a container started with "
+                "it would fail later, far from its cause" + (f": {why}" if why else ""))
 
 
-def one_problem(ex, env: dict[str, str], variable: str, cores: int = CORES) -> str:
-    found = problems(ex, env, cores)
+def one_problem(ex, env: dict[str, str], variable: str, cores: int = CORES, why: str = "") -> str:
+    found = problems(ex, env, cores, why)
     assert len(found) == 1, f"{env} has one problem, in {variable}; you reported {len(found)}: {found}"
     assert found[0].startswith(variable), (
         f"start each problem with the variable's name ({variable}), so the operator knows what to fix: {found[0]!r}")
@@ -79,8 +84,8 @@ def test_ex12_6_unset_variables_take_the_defaults(ex, gguf):
     assert (got.host, got.port, got.threads, got.backend) == (DEFAULT_HOST, DEFAULT_PORT, None, DEFAULT_BACKEND), (
         f"unset LLMRS_HOST/PORT/THREADS/BACKEND mean {DEFAULT_HOST}, {DEFAULT_PORT}, every core (None) and "
         f"{DEFAULT_BACKEND}; got {got}")
-    assert check(ex, {"LLMRS_MODEL": str(gguf), "LLMRS_THREADS": ""}).threads is None, (
-        "an empty LLMRS_THREADS (compose's `LLMRS_THREADS:` with no value) means every core, like unset")
+    empty = "an empty LLMRS_THREADS (compose's `LLMRS_THREADS:` with no value) means every core, like unset"
+    assert check(ex, {"LLMRS_MODEL": str(gguf), "LLMRS_THREADS": ""}, why=empty).threads is None, empty
 
 
 def test_ex12_6_the_settings_are_what_llmrs_serve_parses(ex, gguf):
@@ -112,37 +117,46 @@ def test_ex12_6_a_file_that_is_not_gguf_is_refused(ex, tmp_path):
 
     st = tmp_path / "model.safetensors"
     safetensors.save_file({"w": np.zeros((2, 2), np.float32)}, str(st))  # a real model file of another format
-    message = one_problem(ex, {"LLMRS_MODEL": str(st)}, "LLMRS_MODEL")
+    magic = "a model file must start with GGUF_MAGIC (b'GGUF'): read its first four bytes and compare"
+    message = one_problem(ex, {"LLMRS_MODEL": str(st)}, "LLMRS_MODEL", why=magic)
     assert "gguf" in message.lower(), f"say that the file is not GGUF: {message!r}"
     short = tmp_path / "short.gguf"
     short.write_bytes(b"GG")  # a download cut short: fewer than four bytes
-    one_problem(ex, {"LLMRS_MODEL": str(short)}, "LLMRS_MODEL")
+    one_problem(ex, {"LLMRS_MODEL": str(short)}, "LLMRS_MODEL", why=magic + " (this one has only two bytes)")
 
 
 @pytest.mark.parametrize("port", ["0", "65536", "-1", "80a", "8000.0", "", "http"])
 def test_ex12_6_a_port_outside_1_to_65535_is_refused(ex, gguf, port):
-    message = one_problem(ex, {"LLMRS_MODEL": str(gguf), "LLMRS_PORT": port}, "LLMRS_PORT")
+    message = one_problem(ex, {"LLMRS_MODEL": str(gguf), "LLMRS_PORT": port}, "LLMRS_PORT",
+                          why="a port is a plain decimal integer from 1 to 65535")
     assert repr(port) in message or port in message, f"show the value you refused ({port!r}): {message!r}"
 
 
 @pytest.mark.parametrize("port", ["1", "65535"])
 def test_ex12_6_the_ends_of_the_port_range_are_allowed(ex, gguf, port):
-    assert check(ex, {"LLMRS_MODEL": str(gguf), "LLMRS_PORT": port}).port == int(port), (
-        f"ports go from 1 to 65535 inclusive; {port} is one")
+    inclusive = f"ports go from 1 to 65535 inclusive; {port} is one (check 1 <= port <= 65535)"
+    assert check(ex, {"LLMRS_MODEL": str(gguf), "LLMRS_PORT": port}, why=inclusive).port == int(port), inclusive
 
 
 @pytest.mark.parametrize("threads", ["0", "-2", "two", "1.5"])
 def test_ex12_6_threads_must_be_a_positive_integer(ex, gguf, threads):
-    one_problem(ex, {"LLMRS_MODEL": str(gguf), "LLMRS_THREADS": threads}, "LLMRS_THREADS")
+    one_problem(ex, {"LLMRS_MODEL": str(gguf), "LLMRS_THREADS": threads}, "LLMRS_THREADS",
+                why="LLMRS_THREADS is a plain decimal integer of at least 1")
 
 
 def test_ex12_6_threads_may_not_exceed_the_cores(ex, gguf):
-    assert check(ex, {"LLMRS_MODEL": str(gguf), "LLMRS_THREADS": str(CORES)}, CORES).threads == CORES, (
+    # cpu_count is given in every call: with more cores than any machine has, and with fewer, so that a check
+    # counting this machine's cores instead gets one of them wrong, whichever machine runs it
+    argument = "compare LLMRS_THREADS with the cpu_count argument (when given), not with this machine's cores"
+    many = 4 * (os.cpu_count() or 1)
+    assert check(ex, {"LLMRS_MODEL": str(gguf), "LLMRS_THREADS": str(many)}, many, why=argument).threads == many, (
         "as many threads as cores is allowed")
-    message = one_problem(ex, {"LLMRS_MODEL": str(gguf), "LLMRS_THREADS": str(CORES + 1)}, "LLMRS_THREADS", CORES)
+    message = one_problem(ex, {"LLMRS_MODEL": str(gguf), "LLMRS_THREADS": "2"}, "LLMRS_THREADS", 1, why=argument)
+    assert "1 core" in message, f"say how many cores the container may use (1): {message!r}"
+    message = one_problem(ex, {"LLMRS_MODEL": str(gguf), "LLMRS_THREADS": str(CORES + 1)}, "LLMRS_THREADS", CORES,
+                          why=argument)
     assert str(CORES) in message, f"say how many cores the container may use ({CORES}): {message!r}"
-    assert check(ex, {"LLMRS_MODEL": str(gguf), "LLMRS_THREADS": "1"}, 1).threads == 1, (
-        "compare with the cpu_count argument, not this machine's cores")
+    assert check(ex, {"LLMRS_MODEL": str(gguf), "LLMRS_THREADS": "1"}, 1, why=argument).threads == 1, argument
 
 
 def test_ex12_6_an_unknown_backend_lists_the_known_ones(ex, gguf):

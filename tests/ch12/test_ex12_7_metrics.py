@@ -98,7 +98,7 @@ def test_ex12_7_one_gap_per_pair_of_consecutive_tokens(ex):
     count, total = m["llmrs:inter_token_latency_seconds_count"], m["llmrs:inter_token_latency_seconds_sum"]
     assert count != 1, "observe every gap between consecutive tokens (timing.itl), not their mean or their total"
     assert count == 4, (
-        f"5 sampled tokens have 4 gaps between them (0.25, 0.5, 0.25, 0.5 s); you observed {count} (TTFT is "
+        f"5 sampled tokens have 4 gaps between them (0.25, 0.5, 0.25, 0.5 s); you observed {count:g} (TTFT is "
         "not a gap, and the gap to the end-of-turn token is one: the model spent that time)")
     assert total == 1.5, f"the 4 gaps sum to 102.5 - 101.0 = 1.5 s; yours sum to {total}"
     assert (m["llmrs:inter_token_latency_seconds_bucket{le=0.3}"],
