@@ -30,8 +30,11 @@ def run_stream(ex, outputs, *, chat=True, choices=("r0",), include_usage=False, 
 
     ``read``: stop after that many events and close the generator (a client that disconnects)."""
 
+    streams = []
+
     async def main():
         stream = ResponseStream(list(choices), asyncio.get_running_loop())
+        streams.append(stream)
         for o in outputs:
             stream.put(o)
         info = StreamInfo("resp-1", 1_700_000_000, "tiny", chat, {rid: i for i, rid in enumerate(choices)}, 7)
@@ -50,6 +53,11 @@ def run_stream(ex, outputs, *, chat=True, choices=("r0",), include_usage=False, 
     try:
         return asyncio.run(asyncio.wait_for(main(), WAIT))
     except asyncio.TimeoutError:
+        failed = [o.request_id for o in outputs if isinstance(o, RequestOutput) and o.finish_reason == "error"]
+        if failed and streams and streams[0].unfinished:
+            pytest.fail(f"sse_events kept waiting for {streams[0].unfinished}, which will never finish: after an "
+                        f"output with finish_reason 'error' (request {failed[0]!r}) send the error event, abort the "
+                        "other requests and end the stream")
         pytest.fail("sse_events kept waiting after every request had finished: end when the stream ends "
                     "(``async for out in stream`` does that)")
 
@@ -187,7 +195,11 @@ def test_ex11_6_a_failed_request_sends_an_error_event_and_aborts_the_others(ex):
 
 
 def test_ex11_6_a_dead_engine_sends_an_error_event_then_done(ex):
-    events, _ = run_stream(ex, [out("r0", "x"), EngineDeadError("the engine loop failed: boom")])
+    try:
+        events, _ = run_stream(ex, [out("r0", "x"), EngineDeadError("the engine loop failed: boom")])
+    except EngineDeadError:
+        pytest.fail("the EngineDeadError from `async for out in stream` escaped your generator: the client's stream "
+                    "just breaks off. Catch it, send error_body(str(e), 'server_error', code=503), then [DONE]")
     payloads = parse(events)
     chunks_of(payloads)
     errors = [p for p in payloads if isinstance(p, dict) and "error" in p]
