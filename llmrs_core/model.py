@@ -30,7 +30,6 @@ from .distributed.plan import SingleProcess, StepPlan
 from .formats.source import WeightSource
 from .kv_cache.base import KVCache
 from .kv_cache.checks import checked_advance, checked_positions, checked_view
-from .kv_cache.contiguous import ContiguousKVCache
 
 
 @dataclass
@@ -135,9 +134,11 @@ class LlamaModel:
             w_down=b.load_matrix(gguf, p + "ffn_down.weight"),
         )
 
-    def new_cache(self, max_tokens: int) -> ContiguousKVCache:
-        """A contiguous cache for ``max_tokens`` positions, in the backend's array module."""
-        return ContiguousKVCache(self.config, max_tokens, xp=self.backend.xp)
+    def new_cache(self, max_tokens: int) -> KVCache:
+        """A contiguous cache for ``max_tokens`` positions, in the backend's array module: the
+        backend's ``engine_parts().kv_cache`` (the engine's ``ContiguousKVCache``, or the
+        learner backend's Exercise 5.6 cache where it is written)."""
+        return self.backend.engine_parts().kv_cache(self.config, max_tokens, xp=self.backend.xp)
 
     def warm_up(self) -> float:
         """Run one throwaway step of each of the backend's :attr:`~Backend.warm_up_sizes`, so

@@ -88,7 +88,7 @@ class ContiguousKVCache(KVCache):
 
 
 class BlockAllocator:
-    """A fixed pool of ``num_blocks`` block ids with reference counts.
+    """A fixed pool of ``num_blocks`` block ids (``self.num_blocks``) with reference counts.
 
     ``self.ref_counts[b]`` is the number of sequences holding block ``b``
     (0 = free). Hand out free blocks in order (a ``collections.deque`` of free ids).

@@ -7,19 +7,42 @@ otherwise; :meth:`LearnerBackend.describe` says which is which. Every
 learner function is first tried on a small probe input and compared with
 the reference, so a wrong implementation is reported, not hidden — and it
 is still used: seeing its effect on the model's text is part of the lesson.
+
+The engine's state is built from the learner's classes too, through
+:meth:`LearnerBackend.engine_parts` (the seam :class:`~llmrs_core.backends.base.EngineParts`):
+
+* Exercise 5.6's ``ContiguousKVCache`` holds the keys and values of ``model.generate``
+  with one prompt (``llmrs generate --impl learner``);
+* Exercise 5.7's ``PagedKVCache`` is the block pool of the batching engine (several
+  prompts, ``llmrs bench throughput --impl learner``, ``serve``);
+* Exercise 7.6's ``Scheduler`` and 7.7's ``RadixCache`` run inside that engine.
+
+A cache class is used where it passes a short run on a tiny config
+(:mod:`~llmrs_core.kv_cache.probe`: every view compared with what was written,
+copy-on-write, ``free``); a stub, or one that fails, leaves the engine's own,
+and the YOURS table says why ("not implemented yet", "yours raised ..."). Unlike
+a wrong operation a broken cache is not used: it could not give any text. What
+the learner's caches return is still checked on every step (``kv_cache.checks``),
+so a cache that goes wrong later is named — ``ContiguousKVCache.view(...)
+(Exercise 5.6) returned keys of shape ...`` — before attention's kernel sees it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from types import ModuleType
 from typing import Any
 
 import numpy as np
 
 from .. import attention, layers, rope
 from ..sampling import Sampler, SamplingParams
+from .base import EngineParts
 from .numpy_backend import NumpyBackend
+
+#: where the batching engine's parts run
+_BATCHING = "used by the batching engine (generate with several prompts, bench throughput, serve)"
 
 
 @dataclass
@@ -120,7 +143,7 @@ class LearnerBackend(NumpyBackend):
             if chosen is not None:
                 setattr(self, op, chosen)
         self._learner_sample = self._choose_sampler(getattr(ch4, "sample_token", None))
-        self._engine_classes = self._choose_engine_classes(root)
+        self._engine_parts = self._choose_engine_parts(root)
 
     def _choose(self, op: str, label: str, theirs: Callable | None, reference: Callable, probe: tuple):
         if theirs is None:
@@ -162,51 +185,63 @@ class LearnerBackend(NumpyBackend):
         self.parts["sampler"] = Part(label, "yours")
         return theirs
 
-    def _choose_engine_classes(self, root: Any) -> tuple[type, type]:
-        """Chapter 7's Scheduler (7.6) and RadixCache (7.7), each where it is written: constructed
-        once on a small pool to see. The engine checks every schedule and prefix match they give it
-        (``engine.checks``), so a wrong one is named when it misbehaves, not before."""
-        from ..config import ModelConfig
-        from ..engine.radix_cache import RadixCache
-        from ..engine.scheduler import Scheduler
-        from ..kv_cache.paged import PagedKVCache
+    def _choose_engine_parts(self, root: Any) -> EngineParts:
+        """Chapter 5's caches (5.6, 5.7) and chapter 7's Scheduler (7.6) and RadixCache (7.7), each
+        where it is written. A cache class is run once through a short protocol on a tiny config
+        (:mod:`~llmrs_core.kv_cache.probe`): one that fails it is reported and the engine's own
+        runs. A scheduler or prefix cache is constructed once on a tiny pool to see; the engine
+        checks every schedule and prefix match they give it (``engine.checks``), so a wrong one is
+        named when it misbehaves. What the learner's caches return is checked on every step too
+        (``kv_cache.checks``)."""
+        from ..kv_cache.probe import TINY, probe_kv_cache, probe_paged_kv_cache
+
+        own = EngineParts.engines_own()
+        ch5, ch7 = self._chapter(5, root), self._chapter(7, root)
+        kv_cache = self._choose_class(
+            "kv_cache", "KV cache (Exercise 5.6)", ch5, "ContiguousKVCache", own.kv_cache, probe_kv_cache,
+            "used by generate with one prompt")
+        paged = self._choose_class(
+            "paged_kv_cache", "paged KV cache (Exercise 5.7)", ch5, "PagedKVCache", own.paged_kv_cache,
+            probe_paged_kv_cache, _BATCHING)
+        pool = paged(TINY, num_blocks=4, block_size=4)
+        scheduler = self._choose_class(
+            "scheduler", "scheduler (Exercise 7.6)", ch7, "Scheduler", own.scheduler,
+            lambda cls: cls(pool, 2, 8, "fcfs", None), _BATCHING)
+        prefix_cache = self._choose_class(
+            "prefix_cache", "prefix cache (Exercise 7.7)", ch7, "RadixCache", own.prefix_cache,
+            lambda cls: cls(pool.allocator, 4), _BATCHING)
+        return EngineParts(scheduler=scheduler, prefix_cache=prefix_cache, kv_cache=kv_cache, paged_kv_cache=paged)
+
+    @staticmethod
+    def _chapter(chapter: int, root: Any) -> ModuleType | None:
         from ..workbook import exercises
 
-        chosen = []
         try:
-            ch7 = exercises(7, "learner", root=root)
+            return exercises(chapter, "learner", root=root)
         except FileNotFoundError:
-            ch7 = None
-        tiny = ModelConfig(vocab_size=8, hidden_size=8, intermediate_size=8, n_layers=1, n_heads=1, n_kv_heads=1,
-                           head_dim=8, context_length=16, rope_theta=1e4, rms_norm_eps=1e-5, tie_embeddings=True)
-        cache = PagedKVCache(tiny, num_blocks=4, block_size=4)
-        for op, label, name, reference, make in (
-            ("scheduler", "scheduler (Exercise 7.6)", "Scheduler", Scheduler, lambda cls: cls(cache, 2, 8, "fcfs", None)),
-            ("prefix_cache", "prefix cache (Exercise 7.7)", "RadixCache", RadixCache,
-             lambda cls: cls(cache.allocator, 4)),
-        ):
-            theirs = getattr(ch7, name, None) if ch7 is not None else None
-            if theirs is None or theirs is reference:
-                self.parts[op] = Part(label, "reference", "not in your exercises")
-                chosen.append(reference)
-                continue
-            try:
-                make(theirs)
-            except NotImplementedError:
-                self.parts[op] = Part(label, "reference", "not implemented yet")
-                chosen.append(reference)
-                continue
-            except Exception as e:
-                self.parts[op] = Part(label, "reference", f"yours raised {type(e).__name__}: {e}")
-                chosen.append(reference)
-                continue
-            self.parts[op] = Part(label, "yours", "used by the batching engine (generate with several prompts, "
-                                                  "bench throughput, serve)")
-            chosen.append(theirs)
-        return chosen[0], chosen[1]
+            return None
 
-    def engine_classes(self) -> tuple[type, type]:
-        return self._engine_classes
+    def _choose_class(self, op: str, label: str, module: ModuleType | None, name: str, reference: type,
+                      try_it: Callable[[type], object], used_by: str) -> type:
+        """The learner's class ``name`` of ``module`` if ``try_it(theirs)`` succeeds, else ``reference``;
+        either way :attr:`parts` says which, and why."""
+        theirs = getattr(module, name, None) if module is not None else None
+        if theirs is None or theirs is reference:
+            self.parts[op] = Part(label, "reference", "not in your exercises")
+            return reference
+        try:
+            try_it(theirs)
+        except NotImplementedError:
+            self.parts[op] = Part(label, "reference", "not implemented yet")
+            return reference
+        except Exception as e:  # the learner's code may fail in any way; say how, use ours
+            self.parts[op] = Part(label, "reference", f"yours raised {type(e).__name__}: {e}")
+            return reference
+        self.parts[op] = Part(label, "yours", used_by)
+        return theirs
+
+    def engine_parts(self) -> EngineParts:
+        return self._engine_parts
 
     def sampler(self, params: SamplingParams) -> Callable[..., int]:
         if self._learner_sample is None:

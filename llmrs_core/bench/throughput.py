@@ -67,11 +67,10 @@ def single_decode_tokens_per_s(net, n_prompt: int = 64, n_out: int = 64, seed: i
 
 def batched_decode_tokens_per_s(net, batch: int = 16, n_prompt: int = 64, n_steps: int = 32, seed: int = 0) -> float:
     """Steady-state decode with ``batch`` sequences in every step (one token each), tokens/s."""
-    from ..kv_cache.paged import PagedKVCache
-
     rng = np.random.default_rng(seed)
     per_seq = -(-(n_prompt + n_steps + 1) // 16)
-    cache = PagedKVCache(net.config, num_blocks=batch * per_seq, block_size=16)
+    pool_class = net.backend.engine_parts().paged_kv_cache  # the engine's, or the learner's (Exercise 5.7)
+    cache = pool_class(net.config, num_blocks=batch * per_seq, block_size=16, xp=net.backend.xp)
     seqs = [cache.sequence(i) for i in range(batch)]
     last = []
     for seq in seqs:

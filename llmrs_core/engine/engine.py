@@ -129,7 +129,10 @@ class Engine:
         prefix_caching: reuse the KV blocks of shared prompt prefixes (radix tree).
         scheduler_class, prefix_cache_class: other implementations with the same
             interface — chapter 7's exercises plug yours in here (default: the backend's
-            ``engine_classes()``: the engine's own, or the learner backend's).
+            ``engine_parts()``: the engine's own, or the learner backend's).
+
+    The block pool is the backend's ``engine_parts().paged_kv_cache`` (the learner
+    backend's is Exercise 5.7's ``PagedKVCache`` where it is written).
 
     Each request samples with the sampler the model's backend makes for its
     parameters (``backend.sampler``: the learner backend's is the learner's),
@@ -153,11 +156,13 @@ class Engine:
     ):
         self.model = model
         self.tokenizer = tokenizer
-        self.cache = PagedKVCache(model.config, num_blocks=num_blocks, block_size=block_size, xp=model.backend.xp)
+        parts = model.backend.engine_parts()  # the engine's own classes, or the learner's (chapters 5, 7)
+        self.cache: PagedKVCache = parts.paged_kv_cache(
+            model.config, num_blocks=num_blocks, block_size=block_size, xp=model.backend.xp
+        )
         self.make_sampler: Callable[[SamplingParams], Callable[..., int]] = model.backend.sampler
-        default_scheduler, default_prefix_cache = model.backend.engine_classes()
-        scheduler_class = scheduler_class or default_scheduler
-        prefix_cache_class = prefix_cache_class or default_prefix_cache
+        scheduler_class = scheduler_class or parts.scheduler
+        prefix_cache_class = prefix_cache_class or parts.prefix_cache
         self.prefix_cache = prefix_cache_class(self.cache.allocator, block_size) if prefix_caching else None
         self.scheduler = scheduler_class(self.cache, max_num_seqs, max_num_batched_tokens, policy, self.prefix_cache)
         self.requests: dict[str, Request] = {}

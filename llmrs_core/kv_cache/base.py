@@ -59,6 +59,12 @@ class KVCache(ABC):
         ``length .. length + n_new - 1``."""
         return np.arange(self.length, self.length + n_new, dtype=np.int64)
 
+    def num_attended(self, n_new: int) -> int:
+        """How many keys :meth:`view` returns while ``n_new`` new tokens are written and not yet
+        advanced: by default every position so far, ``length + n_new``; a bounded cache
+        (:mod:`~llmrs_core.kv_cache.eviction`) keeps fewer."""
+        return self.length + n_new
+
     def key_positions(self, n_new: int) -> np.ndarray:
         """RoPE positions ``[Tk]`` of the keys :meth:`view` returns; used only when
         :attr:`stores_unrotated_keys`. By default ``0 .. length + n_new - 1``."""

@@ -57,6 +57,10 @@ class _BoundedCache(KVCache):
         end = self.kept + n_new
         return self.k[layer, :end], self.v[layer, :end]
 
+    def num_attended(self, n_new: int) -> int:
+        """The kept tokens and the new ones: what :meth:`view` returns."""
+        return self.kept + n_new
+
     def advance(self, n_new: int) -> None:
         self.kept += n_new
         self.length += n_new

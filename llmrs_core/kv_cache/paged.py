@@ -28,6 +28,7 @@ from ..attention import scaled_dot_product_attention
 from ..config import ModelConfig
 from ..memory import check_host_allocation
 from .base import KVCache
+from .checks import checked_reserve
 
 
 class OutOfBlocksError(RuntimeError):
@@ -251,6 +252,7 @@ class PagedSequence(KVCache):
     def write(self, layer: int, k: np.ndarray, v: np.ndarray) -> None:
         if layer == 0 or self._reserved_for != self.length:
             self.cache.reserve(self.seq, k.shape[0])
+            checked_reserve(self.cache, self.seq, k.shape[0])  # the pool may be the learner's (5.7)
             self._reserved_for = self.length
         self.cache.write(layer, self.seq, k, v)
 

@@ -64,7 +64,7 @@ class OneArray(ContiguousKVCache):
     [
         (ForgetsNNew, "ForgetsNNew.view(layer 0, n_new=5) returned keys of shape (0, 2, 8)"),
         (AdvancesOnWrite, "AdvancesOnWrite.write changed length from 0 to 5: every layer writes the same positions"),
-        (WrongLayout, "returned keys of shape (2, 5, 8) (float32); expected floats [Tk, 2, 8] with 5 <= Tk <= 5"),
+        (WrongLayout, "returned keys of shape (2, 5, 8) (float32); expected floats [5, 2, 8] (length 0 + n_new 5)"),
         (NeverAdvances, "after NeverAdvances.advance(5) length is 0; expected 0 + 5 = 5"),
         (OnePosition, "OnePosition.positions(5) returned int64 of shape (); expected [5] integers"),
         (OneArray, "OneArray.view must return two arrays, (keys, values)"),
@@ -86,7 +86,7 @@ def test_a_paged_pool_is_named_by_its_own_method(net):
             return k[:-1], v[:-1]
 
     pool = ShortGather(net.config, num_blocks=8, block_size=4)
-    with pytest.raises(CacheProtocolError, match=r"ShortGather\.gather \(through PagedSequence\.view\)"):
+    with pytest.raises(CacheProtocolError, match=r"ShortGather\.gather\(layer 0, n_new=5\) \(through PagedSequence\.view\)"):
         net.forward(IDS, pool.sequence("a"))
 
 

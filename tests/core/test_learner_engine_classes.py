@@ -1,7 +1,7 @@
 """`--backend learner` plugs chapter 7's Scheduler (7.6) and RadixCache (7.7) into the batching engine.
 
 Where a learner's class is written, every :class:`~llmrs_core.engine.Engine` over the learner
-backend uses it (``Backend.engine_classes``), and ``describe`` says YOURS; where it is a stub,
+backend uses it (``Backend.engine_parts``), and ``describe`` says YOURS; where it is a stub,
 the engine's own runs. A learner's class that misbehaves is named by the engine's checks
 (``engine.checks``), not by a compiled kernel.
 """
@@ -69,7 +69,8 @@ def test_written_classes_run_inside_the_engine(tmp_path):
     assert backend.parts["prefix_cache"].source == "yours", backend.describe()
     assert "YOURS      scheduler (Exercise 7.6)" in backend.describe()
     engine = Engine(net, ByteTokenizer(), num_blocks=32, block_size=4)
-    sched_cls, cache_cls = backend.engine_classes()
+    parts = backend.engine_parts()
+    sched_cls, cache_cls = parts.scheduler, parts.prefix_cache
     assert type(engine.scheduler) is sched_cls and sched_cls is not Scheduler
     assert type(engine.prefix_cache) is cache_cls and cache_cls is not RadixCache
     outs = engine.generate([[1, 2, 3, 4, 5], [1, 2, 3, 4, 6]], max_tokens=3)
@@ -83,7 +84,8 @@ def test_stubs_leave_the_engines_own_classes(tmp_path):
     net, backend = learner_net(tmp_path, STUBS)
     assert backend.parts["scheduler"].source == "reference"
     assert backend.parts["scheduler"].note == "not implemented yet"
-    assert backend.engine_classes() == (Scheduler, RadixCache)
+    parts = backend.engine_parts()
+    assert (parts.scheduler, parts.prefix_cache) == (Scheduler, RadixCache)
     engine = Engine(net, ByteTokenizer(), num_blocks=32, block_size=4)
     assert type(engine.scheduler) is Scheduler
 
