@@ -34,14 +34,29 @@ def check(got: np.ndarray, x: np.ndarray, weight: np.ndarray, eps: float = 1e-5)
                         f"over the row must go up to d = {x.shape[1]} in steps of cuda.blockDim.x")
         err = normalised_error(got[r], want[r])
         if err > float32_tolerance(x.shape[1]):
+            x64, w64 = x[r].astype(np.float64), weight.astype(np.float64)
+            square_sum = float(np.sum(x64 * x64))
+            variants = {  # the usual mistakes, each computed from this row in float64
+                "the sum of squares was not divided by d: RMSNorm uses the MEAN of the squares, sum / d":
+                    x64 / np.sqrt(square_sum + eps) * w64,
+                "eps was added after the square root: it goes inside, x / sqrt(mean(x ** 2) + eps)":
+                    x64 / (np.sqrt(square_sum / x.shape[1]) + eps) * w64,
+                "the result is off by the weight — multiply x[row, k] * inv_rms by weight[k] once":
+                    x64 / np.sqrt(square_sum / x.shape[1] + eps),
+            }
+            for hint, variant in variants.items():
+                if normalised_error(got[r], variant) <= 1e-3:
+                    pytest.fail(f"row {r}: {hint}")
             ratio = got[r] / want[r]
             if np.allclose(ratio, ratio[0], rtol=1e-3):
                 pytest.fail(f"row {r}: every value is {ratio[0]:.4g} times the reference — is the sum of squares "
-                            "complete (all threads' partial sums, after cuda.syncthreads()), divided by d, and "
-                            "is eps inside the square root?")
-            if np.allclose(got[r] * weight, want[r], rtol=1e-3) or np.allclose(got[r], want[r] / weight, rtol=1e-3):
+                            "complete? Every thread's partial sum goes into the shared array, and after "
+                            "cuda.syncthreads() all cuda.blockDim.x of them are added, not only some")
+            if np.allclose(got[r] / weight, want[r], rtol=1e-3):
                 pytest.fail(f"row {r}: the result is off by the weight — multiply x[row, k] * inv_rms by weight[k] once")
-            pytest.fail(f"row {r}: normalised error {err:.2e} (allowed {float32_tolerance(x.shape[1]):.1e})")
+            worst = int(np.argmax(np.abs(got[r] - want[r])))
+            pytest.fail(f"row {r}: normalised error {err:.2e} (allowed {float32_tolerance(x.shape[1]):.1e}); worst "
+                        f"at column {worst}: {got[r, worst]:.5g} instead of {want[r, worst]:.5g}")
 
 
 def test_ex9_7_one_row(ex):

@@ -68,6 +68,8 @@ def run_and_check(ex, rows: int, cols: int, tokens: int) -> None:
         "weight j + 16 in its HIGH nibble (byte >> 4)": x64 @ dense(swap_halves(codes), d, m).T,
         "the nibbles pair weights j and j + 16 of the block, not 2j and 2j + 1": x64 @ dense(interleaved(codes), d, m).T,
         "the minimum is missing: w = d * q + m, so add m * sum(x_b) for every block": x64 @ dense(codes, d, m, False).T,
+        "every block of a row has used block 0's scale and minimum: block b of row r has d[r, b] and m[r, b]":
+            x64 @ dense(codes, np.repeat(d[:, :1], d.shape[1], axis=1), np.repeat(m[:, :1], m.shape[1], axis=1)).T,
     }
     for hint, result in mistakes.items():
         if normalised_error(got, result) <= 1e-3:
