@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from ..kv_cache.checks import is_learners, method_name
 from ..kv_cache.paged import PagedKVCache
 from .radix_cache import RadixNode
 from .scheduler import Request, RequestStatus, ScheduledChunk
@@ -100,10 +101,13 @@ def checked_schedule(
         total += n
         want = _blocks_for(length + n, cache.block_size)
         if len(table) != want:
+            few = len(table) < want
+            pool = (f"; or {method_name(cache, 'reserve')}, your pool's, took too {'few' if few else 'many'} blocks"
+                    if is_learners(cache) else "")  # the learner's pool may be the one at fault
             raise SchedulerProtocolError(
                 f"{where} scheduled request {rid!r} for {n} tokens after {length}: its table holds {len(table)} "
                 f"blocks, but {length} + {n} tokens in blocks of {cache.block_size} take {want} — "
-                + ("reserve them first (cache.reserve)" if len(table) < want else "the extra blocks leak")
+                + ("reserve them first (cache.reserve)" if few else "the extra blocks leak") + pool
             )
         free = [b for b in table if cache.allocator.ref_counts[b] <= 0]
         if free:

@@ -30,6 +30,12 @@ class CacheProtocolError(ValueError):
 _EXERCISES = {"ContiguousKVCache": "Exercise 5.6", "PagedKVCache": "Exercise 5.7"}
 
 
+def is_learners(obj: Any) -> bool:
+    """Whether ``obj``'s class comes from the learner's exercises (the module ``llmrs_exercises_chNN``
+    that :func:`llmrs_core.workbook.exercises` loads)."""
+    return type(obj).__module__.startswith("llmrs_exercises_ch")
+
+
 def method_name(cache: Any, method: str, args: str | None = None) -> str:
     """``ContiguousKVCache.view(layer 0, n_new=3)`` (``args`` in the parentheses); for one sequence
     of a paged pool, the pool's method that answers: ``PagedKVCache.gather(...) (through
@@ -43,8 +49,8 @@ def method_name(cache: Any, method: str, args: str | None = None) -> str:
         if pool is not None:
             cache, method, through = cache.cache, pool, f"through PagedSequence.{method}"
     cls = type(cache)
-    learner = cls.__module__.startswith("llmrs_exercises_ch")
-    notes = [n for n in (through, _EXERCISES.get(cls.__name__, "your exercises.py") if learner else "") if n]
+    notes = [n for n in (through, _EXERCISES.get(cls.__name__, "your exercises.py") if is_learners(cache) else "")
+             if n]
     call = f"{cls.__name__}.{method}" + (f"({args})" if args is not None else "")
     return call + (f" ({'; '.join(notes)})" if notes else "")
 
@@ -178,4 +184,7 @@ def checked_reserve(pool: Any, seq: Any, n: int) -> None:
         )
 
 
-__all__ = ["CacheProtocolError", "checked_advance", "checked_positions", "checked_reserve", "checked_view"]
+__all__ = [
+    "CacheProtocolError", "checked_advance", "checked_positions", "checked_reserve", "checked_view", "is_learners",
+    "method_name",
+]

@@ -22,6 +22,7 @@ import llmrs_core as llmrs
 from llmrs_core.backends.base import EngineParts
 from llmrs_core.backends.learner import LearnerBackend
 from llmrs_core.engine import Engine
+from llmrs_core.engine.checks import SchedulerProtocolError
 from llmrs_core.generate import generate_ids
 from llmrs_core.kv_cache.checks import CacheProtocolError
 from llmrs_core.model import LlamaModel
@@ -190,3 +191,33 @@ class ContiguousKVCache(ContiguousKVCache):
     net.forward([1, 2, 3], cache)
     with pytest.raises(CacheProtocolError, match=r"expected floats \[4, 2, 8\] \(length 3 \+ n_new 1\) — "):
         net.forward([4], cache)
+
+
+def test_a_partly_written_cache_is_not_implemented_yet(tmp_path, reference):
+    """``__init__`` written, ``view`` still the stub: the engine's own runs, and the table says why."""
+    partly = WRITTEN + '''
+class ContiguousKVCache(ContiguousKVCache):
+    def view(self, layer, n_new):
+        raise NotImplementedError(
+            "Exercise 5.6 `ContiguousKVCache.view`: not implemented yet — see ch05_kv_cache.ipynb §5.6")
+'''
+    net, backend = learner(tmp_path, reference, partly)
+    assert backend.parts["kv_cache"].note == "not implemented yet", backend.describe()
+    assert backend.parts["paged_kv_cache"].source == "yours"
+    assert greedy(net, PROMPTS[0]) == greedy(reference.network, PROMPTS[0])
+
+
+def test_a_pool_mistake_the_probe_misses_is_named_by_the_engine(tmp_path, reference):
+    """A reserve wrong only for 4 or more tokens passes the probe (which reserves 1 to 3, and 11 that
+    cannot fit); in the engine, the schedule's check names the learner's reserve as a suspect."""
+    late = WRITTEN + '''
+class PagedKVCache(PagedKVCache):
+    def reserve(self, seq, n):
+        super().reserve(seq, n - 1 if n >= 4 else n)
+'''
+    net, backend = learner(tmp_path, reference, late)
+    assert backend.parts["paged_kv_cache"].source == "yours", backend.describe()
+    engine = Engine(net, ByteTokenizer(), num_blocks=32, block_size=4)
+    with pytest.raises(SchedulerProtocolError, match=r"take 2 — reserve them first \(cache\.reserve\); or "
+                                                     r"PagedKVCache\.reserve \(Exercise 5\.7\), your pool's, took too few"):
+        engine.generate([[1, 2, 3, 4, 5]], max_tokens=2)
