@@ -15,6 +15,8 @@ own exception) whose message the backend shows. Tiny: L = 2, Hkv = 2, D = 4.
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -68,11 +70,28 @@ def _same(cache: KVCache, layer: int, n_new: int, name: str, got: np.ndarray, wa
         )
 
 
+def _on_the_probe(probe: Callable[[type], None]) -> Callable[[type], None]:
+    """``probe``, its errors saying that the shapes in them are the probe's, not the real model's."""
+
+    @functools.wraps(probe)
+    def run(cls: type) -> None:
+        try:
+            probe(cls)
+        except CacheProtocolError as e:
+            raise CacheProtocolError(
+                f"{e} [on the probe: {TINY.n_layers} layers, {TINY.n_kv_heads} KV heads of {TINY.head_dim}]"
+            ) from None
+
+    return run
+
+
+@_on_the_probe
 def probe_kv_cache(cls: type) -> None:
     """Run ``cls(TINY, 8)`` (Exercise 5.6's interface) through a 3-token prefill and two decode steps."""
     _steps(cls(TINY, 8, xp=np), (3, 1, 1), [[] for _ in range(TINY.n_layers)], seed=0)
 
 
+@_on_the_probe
 def probe_paged_kv_cache(cls: type) -> None:
     """Run ``cls(TINY, num_blocks=8, block_size=2)`` (Exercise 5.7's interface) as the engine does.
 
