@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from .backends.base import Backend
+from .backends.base import Backend, EngineParts
 from .sampling import SamplingParams
 
 
@@ -133,6 +133,9 @@ class FaultyBackend(Backend):
 
     def sampler(self, params: SamplingParams) -> Callable[..., int]:
         return self.inner.sampler(params)
+
+    def engine_parts(self) -> EngineParts:
+        return self.inner.engine_parts()  # a faulty learner backend keeps the learner's classes
 
     def describe(self) -> str:
         return f"{self.inner.describe()} with injected faults"
