@@ -33,7 +33,7 @@ SINGLE_THREAD := OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 
 .DEFAULT_GOAL := help
 .PHONY: help setup lab demo fetch test test-solutions test-gpu gpu-check test-engine test-portable check-stubs nbval lint format \
-        test-chapter test-exercise progress reset check-env notebooks bench bench-tokenizer bench-throughput bench-serve clean \
+        test-chapter test-exercise progress reset check-env notebooks bench bench-tokenizer bench-throughput bench-serve bench-all clean \
         observe container container-test container-test-learner
 
 # `make test-chapter 1`: the chapter number arrives as a goal of its own;
@@ -185,6 +185,13 @@ nbval: fetch
 bench: fetch
 	@mkdir -p build
 	$(VENV)/bin/llmrs bench speed --backend numba,numpy --threads $(or $(THREADS),2) --output build/bench_speed.json
+
+# every headline benchmark of the workbook in one run (appendix A): median and bootstrap 95% interval of
+# 5 repetitions each, the machine and software recorded; QUICK=1 for the small plan (about 5 minutes on
+# 2 cores; the full one takes under 30); THREADS=N (default 2). Writes build/bench/results.json,
+# report.md and plots. Compare two runs: .venv/bin/llmrs bench compare OLD.json NEW.json
+bench-all: fetch
+	$(VENV)/bin/llmrs bench all $(if $(QUICK),--quick) --threads $(or $(THREADS),2) --output-dir build/bench
 
 # offline serving throughput of the continuous-batching engine (chapter 7)
 bench-throughput: fetch

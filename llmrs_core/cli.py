@@ -359,6 +359,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
         raise ValueError(f"--threads must be at least 1, got {args.threads}")
     if args.what == "serve":
         return _bench_serve(args)
+    if args.what in ("all", "compare"):
+        return _bench_all(args)
+    if args.files:
+        raise ValueError(f"bench {args.what} takes no file arguments (got {' '.join(args.files)})")
     if args.what == "speed":
         from .bench.speed import format_speed, speed
 
@@ -382,6 +386,32 @@ def cmd_bench(args: argparse.Namespace) -> int:
     check_int("--max-num-seqs", args.max_num_seqs, minimum=1)
     result = throughput(model, n_requests=args.requests, seed=args.seed, max_num_seqs=args.max_num_seqs)
     print(json.dumps(result, indent=2) if args.json else format_throughput(result))
+    return 0
+
+
+def _bench_all(args: argparse.Namespace) -> int:
+    from .bench.report import compare_results, format_comparison, read_result, write_outputs
+
+    if args.what == "compare":
+        if len(args.files) != 2:
+            raise ValueError(f"bench compare takes two results.json files, OLD and NEW (got {len(args.files)})")
+        rows, only = compare_results(read_result(args.files[0]), read_result(args.files[1]))
+        if not rows:
+            raise ValueError(f"{args.files[0]} and {args.files[1]} have no figure in common")
+        print(format_comparison(rows, only))
+        return 0
+    if args.files:
+        raise ValueError(f"bench all takes no file arguments (got {' '.join(args.files)})")
+    from .bench.suite import Plan, run_all
+
+    check_int("--repetitions", args.repetitions, minimum=5)  # a median and its interval need five
+    threads = args.threads or 2
+    plan = Plan.quick(threads, args.repetitions) if args.quick else Plan.full(threads, args.repetitions)
+    only = [x.strip() for x in args.only.split(",") if x.strip()] if args.only else None
+    result = run_all(args.model, plan, only=only)
+    report = write_outputs(result, args.output_dir)
+    print(report.read_text() if not args.json else json.dumps(result, indent=1))
+    print(f"written: {report.parent}/results.json, {report}", file=sys.stderr)
     return 0
 
 
@@ -517,10 +547,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_quantize)
 
     p = sub.add_parser(
-        "bench", help="benchmarks: `speed` (pp/tg, llama-bench style), `throughput` (the engine, chapter 7) "
-                      "or `serve` (load on an HTTP server, chapter 11)"
+        "bench", help="benchmarks: `speed` (pp/tg, llama-bench style), `throughput` (the engine, chapter 7), "
+                      "`serve` (load on an HTTP server, chapter 11), `all` (every one, with statistics: "
+                      "appendix A) or `compare` (two `all` results)"
     )
-    p.add_argument("what", choices=("speed", "throughput", "serve"), help="what to measure")
+    p.add_argument("what", choices=("speed", "throughput", "serve", "all", "compare"),
+                   help="what to measure; `all`: every headline benchmark with its statistics (appendix A); "
+                        "`compare OLD.json NEW.json`: two `all` results, figure by figure")
+    p.add_argument("files", nargs="*", metavar="FILE", help="compare: the old and the new results.json")
+    p.add_argument("--quick", action="store_true", help="all: the small plan (about 5 minutes on 2 cores)")
+    p.add_argument("--only", metavar="NAMES",
+                   help="all: some benchmarks, comma-separated (tokenizer, speed, throughput, serve)")
+    p.add_argument("--output-dir", metavar="DIR", default="build/bench",
+                   help="all: where results.json, report.md and the plots go (default build/bench)")
     p.add_argument("--model", help="a GGUF file (default: SmolLM2)")
     p.add_argument("--backend", metavar="NAMES",
                    help=f"compute backend(s), comma-separated for speed (default {DEFAULT_BACKEND}; "

@@ -116,18 +116,11 @@ def _interleaved(engines: dict, repetitions: int) -> dict[str, dict[str, list[fl
 
 
 def machine() -> dict:
-    """What the numbers were measured on: CPU model, cores, and the libraries that do the work."""
-    import os
-    import platform
+    """What the numbers were measured on: CPU model and flags, cores, caches, memory, NumPy's version
+    (:func:`.environment.machine`)."""
+    from .environment import machine as this_machine
 
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            names = [line.split(":", 1)[1].strip() for line in f if line.startswith("model name")]
-        cpu = names[0] if names else cpu
-    except OSError:
-        pass
-    return {"cpu": cpu, "cores": os.cpu_count(), "numpy": np.__version__}
+    return {**this_machine(), "numpy": np.__version__}
 
 
 def speed(path=None, backends: tuple[str, ...] = ("numba",), pp: int = 512, tg: int = 128,

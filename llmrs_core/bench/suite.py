@@ -1,0 +1,380 @@
+"""``llmrs bench all``: the workbook's headline benchmarks in one run, with honest statistics (appendix A).
+
+Each benchmark is the one its chapter defines, run :attr:`Plan.repetitions` times
+after a warm-up, and every figure is a :class:`~.stats.Figure`: the median of the
+repetitions, a bootstrap 95% interval, and a "noisy" mark when they vary by more
+than :data:`~.stats.NOISY_CV`. Where two engines are compared their repetitions
+are **interleaved** (A B A B …), so that a load that comes and goes hits both, and
+the ratio is taken per round: a ratio measured in one run is what travels between
+machines, absolute tokens/s do not.
+
+=================  ===========================================================  =======
+benchmark          what                                                          chapter
+=================  ===========================================================  =======
+``tokenizer``      encode tokens/s, ours against Hugging Face ``tokenizers``     2
+``speed``          pp/tg (llama-bench style) per backend, llama.cpp when         8
+                   installed (``llama-cpp-python``)
+``throughput``     the batching engine: a random workload's output tokens/s,     7
+                   decode of many sequences against one, the prefix cache
+``serve``          our HTTP server at 1/4/16 clients, llama-cpp-python's server   11
+                   when installed (``llama-cpp-python[server]``)
+=================  ===========================================================  =======
+
+A benchmark whose optional reference is missing runs without it and says so in
+``notes``; one that cannot run at all (the serve extra missing) is skipped with a
+sentence. Before it starts, :func:`busy_check` looks for a busy machine.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from .stats import MIN_REPETITIONS, Figure
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The sizes of one ``bench all`` run: :meth:`quick` (about 5 minutes on 2 cores) or
+    :meth:`full` (under 30)."""
+
+    name: str
+    repetitions: int
+    threads: int = 2
+    tokenizer_copies: int = 50
+    pp: int = 512
+    tg: int = 128
+    throughput_requests: int = 32
+    throughput_max_prompt: int = 128
+    throughput_max_output: int = 64
+    max_num_seqs: int = 16
+    serve_levels: tuple[int, ...] = (1, 4, 16)
+    serve_prompts: int = 16
+    serve_input_len: int = 128
+    serve_output_len: int = 64
+
+    def __post_init__(self) -> None:
+        if self.repetitions < MIN_REPETITIONS:
+            raise ValueError(f"a figure needs at least {MIN_REPETITIONS} repetitions, got {self.repetitions}")
+        if self.threads < 1:
+            raise ValueError(f"threads must be at least 1, got {self.threads}")
+
+    @classmethod
+    def quick(cls, threads: int = 2, repetitions: int = 5) -> Plan:
+        return cls("quick", repetitions, threads, tokenizer_copies=10, pp=128, tg=32, throughput_requests=8,
+                   throughput_max_prompt=64, throughput_max_output=16, max_num_seqs=8, serve_levels=(1, 4),
+                   serve_prompts=8, serve_input_len=64, serve_output_len=24)
+
+    @classmethod
+    def full(cls, threads: int = 2, repetitions: int = 5) -> Plan:
+        return cls("full", repetitions, threads)
+
+
+@dataclass
+class Outcome:
+    """What one benchmark gives: its figures, sentences about what it skipped or assumed, and
+    the raw results of its chapter's command (for the report's tables)."""
+
+    figures: list[Figure] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    raw: dict = field(default_factory=dict)
+
+
+def ratio_samples(numerator: Sequence[float], denominator: Sequence[float]) -> list[float]:
+    """Per-round ratios of two interleaved series (round i of one over round i of the other)."""
+    if len(numerator) != len(denominator):
+        raise ValueError(f"interleaved series differ in length: {len(numerator)} and {len(denominator)}")
+    return [a / b for a, b in zip(numerator, denominator)]
+
+
+class Benchmark(ABC):
+    """One of ``bench all``'s benchmarks."""
+
+    #: the name ``--only`` selects it by, and its figures' key prefix
+    name: str
+    #: one line for the progress bar and the report
+    title: str
+
+    def missing(self) -> str | None:
+        """Why this benchmark cannot run here (a sentence), or None."""
+        return None
+
+    @abstractmethod
+    def run(self, model_path: Path, plan: Plan, tick: Callable[[str], None]) -> Outcome:
+        """Measure; ``tick(what)`` after each repetition, for the progress bar."""
+
+    def steps(self, plan: Plan) -> int:
+        """How many times :meth:`run` calls ``tick`` (the progress bar's length)."""
+        return plan.repetitions
+
+
+class TokenizerBench(Benchmark):
+    name, title = "tokenizer", "tokenizer: encode speed against Hugging Face tokenizers (chapter 2)"
+
+    def run(self, model_path: Path, plan: Plan, tick: Callable[[str], None]) -> Outcome:
+        import llmrs_core as llmrs
+        from llmrs_core.tokenizer.reference import reference_tokenizer
+
+        from .tokenizer import SAMPLE
+
+        ours = llmrs.load(model_path, backend="numpy").tokenizer
+        ref = reference_tokenizer(ours)
+        text = SAMPLE * plan.tokenizer_copies
+        n = len(ours.encode(text))
+        if ours.encode(text) != ref.encode(text).ids:
+            raise ValueError("our tokenizer's ids differ from Hugging Face's on the sample: fix that first")
+        times: dict[str, list[float]] = {"ours": [], "hf": []}
+        for _ in range(plan.repetitions):
+            for name, encode in (("ours", ours.encode), ("hf", ref.encode)):
+                start = time.perf_counter()
+                encode(text)
+                times[name].append(time.perf_counter() - start)
+            tick("tokenizer")
+        rates = {k: [n / t for t in v] for k, v in times.items()}
+        return Outcome([
+            Figure.of("tokenizer.ours", "our tokenizer", "tokens/s", rates["ours"]),
+            Figure.of("tokenizer.hf", "Hugging Face tokenizers (Rust)", "tokens/s", rates["hf"]),
+            Figure.of("tokenizer.ours/hf", "ours / Hugging Face", "ratio", ratio_samples(rates["ours"], rates["hf"])),
+        ], raw={"text_tokens": n})
+
+
+class SpeedBench(Benchmark):
+    name, title = "speed", "speed: prompt processing and generation, llama-bench style (chapter 8)"
+
+    def __init__(self, backends: Sequence[str] = ("numba", "numpy"), compare: bool = True):
+        self.backends = tuple(backends)
+        self.compare = compare
+
+    def run(self, model_path: Path, plan: Plan, tick: Callable[[str], None]) -> Outcome:
+        from ..loader import load
+        from .speed import _interleaved, _llama_cpp_runs, _our_runs
+
+        engines, notes = {}, []
+        for name in self.backends:
+            model = load(model_path, backend=name, threads=plan.threads if name == "numba" else None)
+            engines[name] = (*_our_runs(model, plan.pp, plan.tg), plan.threads)
+        runs = _llama_cpp_runs(model_path, plan.pp, plan.tg, plan.threads) if self.compare else None
+        if runs is not None:
+            engines["llama.cpp"] = (*runs, None)
+        elif self.compare:
+            notes.append("llama.cpp: not installed (`.venv/bin/pip install llama-cpp-python`, a 5-minute build), "
+                         "so the speed figures have no reference")
+
+        last = list(engines)[-1]  # a round ends with the last engine's tg: one tick a round
+        run_pp, run_tg, blas = engines[last]
+        calls = []
+
+        def run_tg_and_tick() -> None:
+            run_tg()
+            calls.append(1)
+            if len(calls) > 1:  # the first call is the warm-up
+                tick("speed")
+        engines[last] = (run_pp, run_tg_and_tick, blas)
+        times = _interleaved(engines, plan.repetitions)
+        figures = []
+        for kind, n in (("pp", plan.pp), ("tg", plan.tg)):
+            for name, t in times.items():
+                figures.append(Figure.of(f"speed.{kind}{n}.{name}", f"{name} {kind}{n}", "tokens/s",
+                                         [n / s for s in t[kind]]))
+            if "llama.cpp" in times:
+                for name in self.backends:  # tokens/s ratio = llama.cpp's seconds over ours, round by round
+                    figures.append(Figure.of(f"speed.{kind}{n}.{name}/llama.cpp", f"{name} / llama.cpp {kind}{n}",
+                                             "ratio", ratio_samples(times["llama.cpp"][kind], times[name][kind])))
+        return Outcome(figures, notes, {"pp": plan.pp, "tg": plan.tg, "engines": list(times)})
+
+
+class ThroughputBench(Benchmark):
+    name, title = "throughput", "throughput: the batching engine and the prefix cache (chapter 7)"
+
+    def __init__(self, backend: str = "numba"):
+        self.backend = backend
+
+    def run(self, model_path: Path, plan: Plan, tick: Callable[[str], None]) -> Outcome:
+        from ..loader import load
+        from .throughput import throughput
+
+        model = load(model_path, backend=self.backend, threads=plan.threads if self.backend == "numba" else None)
+        kwargs = dict(n_requests=plan.throughput_requests, max_prompt=plan.throughput_max_prompt,
+                      max_output=plan.throughput_max_output, max_num_seqs=plan.max_num_seqs)
+        throughput(model, **{**kwargs, "n_requests": 2})  # warm-up: compile every kernel shape once
+        runs = []
+        for _ in range(plan.repetitions):
+            runs.append(throughput(model, **kwargs))
+            tick("throughput")
+        b = plan.max_num_seqs
+
+        def series(fn) -> list[float]:
+            return [fn(r) for r in runs]
+        figures = [
+            Figure.of("throughput.batched.output_tok_s", f"{plan.throughput_requests} random requests, {b} at once",
+                      "tokens/s", series(lambda r: r["batched"]["output_tokens_per_s"])),
+            Figure.of("throughput.decode.1", "decode, one sequence", "tokens/s",
+                      series(lambda r: r["single_decode_tokens_per_s"])),
+            Figure.of(f"throughput.decode.{b}", f"decode, {b} sequences a step", "tokens/s",
+                      series(lambda r: r["batched_decode_tokens_per_s"])),
+            Figure.of(f"throughput.decode.{b}/1", f"decode speed-up, {b} sequences against one", "ratio",
+                      series(lambda r: r["decode_speedup"])),
+            Figure.of("throughput.prefix.on/off", "prefix cache on / off, requests/s", "ratio",
+                      series(lambda r: r["prefix_speedup"])),
+            Figure.of("throughput.batched.ttft_p50", "time to first token, median", "s",
+                      series(lambda r: r["batched"]["ttft_s"]["p50"]), higher_is_better=False),
+        ]
+        return Outcome(figures, [], {"backend": self.backend, "workload": runs[-1]["workload"]})
+
+
+class ServeBench(Benchmark):
+    name, title = "serve", "serve: our HTTP server under 1/4/16 clients, against llama-cpp-python's (chapter 11)"
+
+    def __init__(self, compare: bool = True):
+        self.compare = compare
+
+    def missing(self) -> str | None:
+        try:
+            import fastapi  # noqa: F401
+            import uvicorn  # noqa: F401
+        except ImportError as e:
+            return f"the serve benchmark needs the serve extra ({e.name} is missing): pip install 'llmrs-core[serve]'"
+        return None
+
+    def steps(self, plan: Plan) -> int:
+        from .serve_compare import llama_cpp_server_missing
+
+        servers = 1 + (2 if self.compare and llama_cpp_server_missing() is None else 0)
+        return servers * plan.repetitions * len(plan.serve_levels)
+
+    def run(self, model_path: Path, plan: Plan, tick: Callable[[str], None]) -> Outcome:
+        from .serve import Load, random_workload
+        from .serve_compare import compare
+
+        loads = [Load(max_concurrency=c) for _ in range(plan.repetitions) for c in plan.serve_levels]
+        tokenizer = _tokenizer(model_path)
+
+        def workloads(i: int):
+            return random_workload(tokenizer, 1 if i < 0 else plan.serve_prompts, plan.serve_input_len,
+                                   plan.serve_output_len, seed=1000 + i)  # fresh prompts every run: no prefix hits
+        result = compare(model_path, loads, workloads, threads=plan.threads, with_llama_cpp=self.compare,
+                         n_ctx=max(2048, plan.serve_input_len + plan.serve_output_len + 64),
+                         on_level=lambda line: tick("serve"))
+        figures = []
+        for server, r in result["servers"].items():
+            for c in plan.serve_levels:
+                runs = [x for x in r["runs"] if x["load"]["max_concurrency"] == c]
+                key = f"serve.{c}.{_slug(server)}"
+                figures.append(Figure.of(f"{key}.output_tok_s", f"{server}, {c} clients: output tokens/s", "tokens/s",
+                                         [x["output_tokens_per_s"] for x in runs]))
+                figures.append(Figure.of(f"{key}.ttft_p50", f"{server}, {c} clients: TTFT median", "s",
+                                         [x["ttft_s"]["p50"] for x in runs], higher_is_better=False))
+                failed = sum(x["failed"] + x["truncated"] for x in runs)
+                if failed:
+                    result["notes"].append(f"{server} at {c} clients: {failed} requests failed or were truncated")
+        notes = list(result["notes"]) + ["servers run one after the other (each needs the cores): their ratio is "
+                                         "less robust to drift than the interleaved speed figures"]
+        return Outcome(figures, notes, {"servers": {k: v["command"] for k, v in result["servers"].items()}})
+
+
+def _tokenizer(model_path: Path):
+    from ..loader import load
+
+    return load(model_path, backend="numpy").tokenizer
+
+
+def _slug(name: str) -> str:
+    return "".join(ch if ch.isalnum() else "_" for ch in name).strip("_")
+
+
+#: every benchmark, in the order they run
+BENCHMARKS: dict[str, Callable[[], Benchmark]] = {
+    "tokenizer": TokenizerBench, "speed": SpeedBench, "throughput": ThroughputBench, "serve": ServeBench,
+}
+
+
+def busy_check(threshold: float = 0.25) -> dict:
+    """Is someone else using the cores? The 1-minute load average per core, and a calibration loop
+    (a fixed NumPy computation) timed twice: on a quiet machine both runs take the same time.
+    ``busy`` when the load is above ``threshold`` per core or the two runs differ by more than 20%."""
+    cores = os.cpu_count() or 1
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+    x = np.random.default_rng(0).standard_normal((256, 256), dtype=np.float32)
+
+    def calibrate() -> float:
+        start = time.perf_counter()
+        for _ in range(200):
+            x @ x
+        return time.perf_counter() - start
+    calibrate()
+    first, second = calibrate(), calibrate()
+    spread = abs(first - second) / min(first, second)
+    reasons = []
+    if load is not None and load / cores > threshold:
+        reasons.append(f"the load average is {load:.2f} on {cores} cores")
+    if spread > 0.2:
+        reasons.append(f"a calibration loop took {first * 1e3:.0f} ms then {second * 1e3:.0f} ms")
+    return {"load_average_1m": load, "cores": cores, "calibration_s": [first, second], "busy": bool(reasons),
+            "why": "; ".join(reasons)}
+
+
+def run_all(model_path: str | Path | None = None, plan: Plan | None = None, only: Sequence[str] | None = None,
+            benchmarks: dict[str, Benchmark] | None = None, progress: bool = True, measure_machine: bool = True,
+            say: Callable[[str], None] | None = None) -> dict:
+    """Run the benchmarks (``only`` some, by name) and return the result document: ``{"plan",
+    "environment", "busy", "benchmarks": {name: {"title", "figures", "notes", "raw", "seconds"} or
+    {"skipped": why}}, "figures": [every figure]}``."""
+    from tqdm import tqdm
+
+    from ..fetch import default_model_path
+    from .environment import environment
+
+    plan = plan or Plan.full()
+    say = say or (lambda line: print(line, file=sys.stderr, flush=True))
+    chosen = benchmarks or {name: make() for name, make in BENCHMARKS.items()}
+    unknown = sorted(set(only or ()) - set(chosen))
+    if unknown:
+        raise ValueError(f"unknown benchmark(s) {', '.join(unknown)}: choose from {', '.join(chosen)}")
+    model_path = Path(model_path) if model_path else default_model_path()
+    if not model_path.is_file():
+        raise ValueError(f"no model at {model_path}: run `make fetch` (or give --model)")
+    if only:
+        chosen = {k: v for k, v in chosen.items() if k in only}
+    busy = busy_check()
+    if busy["busy"]:
+        say(f"warning: this machine looks busy ({busy['why']}): figures will be slower and noisier than "
+            "on a quiet one, and the report marks them")
+    result = {"plan": asdict(plan), "model": str(model_path), "busy": busy,
+              "environment": environment(plan.threads, measure=measure_machine, quick=plan.name == "quick"),
+              "benchmarks": {}, "figures": []}
+    runnable = {k: b for k, b in chosen.items() if b.missing() is None}
+    bar = tqdm(total=sum(b.steps(plan) for b in runnable.values()), disable=not progress, unit="run",
+               file=sys.stderr, dynamic_ncols=True)
+    try:
+        for name, bench in chosen.items():
+            why = bench.missing()
+            if why is not None:
+                say(f"{name}: skipped: {why}")
+                result["benchmarks"][name] = {"title": bench.title, "skipped": why}
+                continue
+            bar.set_description(name)
+            start = time.perf_counter()
+            outcome = bench.run(model_path, plan, lambda what: bar.update(1))
+            result["benchmarks"][name] = {"title": bench.title, "figures": [f.key for f in outcome.figures],
+                                          "notes": outcome.notes, "raw": outcome.raw,
+                                          "seconds": time.perf_counter() - start}
+            result["figures"] += [f.to_json() for f in outcome.figures]
+    finally:
+        bar.close()
+    return result
+
+
+def figures_of(result: dict) -> dict[str, Figure]:
+    """The figures of a result document, by key."""
+    return {d["key"]: Figure.from_json(d) for d in result["figures"]}
+
+
+__all__ = ["BENCHMARKS", "Benchmark", "Outcome", "Plan", "ServeBench", "SpeedBench", "ThroughputBench",
+           "TokenizerBench", "busy_check", "figures_of", "ratio_samples", "run_all"]
