@@ -255,6 +255,34 @@ def test_ex11_6_a_finished_answer_aborts_nothing(ex):
 # -- in the real server, through the official openai client ------------------------------------
 
 
+def checked(sse_events, problems: list):
+    """The learner's writer as the server calls it, noting in ``problems`` an event that is not an SSE event's
+    bytes, or an exception it raised (the server would only break the connection)."""
+
+    async def events(stream, info, include_usage, abort):
+        gen = sse_events(stream, info, include_usage, abort)
+        try:
+            async for event in gen:
+                if not (isinstance(event, bytes) and event.startswith(b"data: ") and event.endswith(b"\n\n")):
+                    problems.append(event)
+                yield event
+        except Exception as e:  # noqa: BLE001 - reported in the learner's terms by blame_sse_events
+            problems.append(e)
+            raise
+        finally:
+            await gen.aclose()
+
+    return events
+
+
+def blame_sse_events(problems: list) -> None:
+    for p in problems[:1]:
+        if isinstance(p, Exception):
+            pytest.fail(f"inside the server your sse_events (Exercise 11.6) raised {type(p).__name__}: {p}")
+        pytest.fail(f"inside the server your sse_events (Exercise 11.6) yielded {p!r:.120}: every event is the "
+                    "bytes b'data: {json}\\n\\n' (what your sse_event makes)")
+
+
 def test_ex11_6_in_the_server_through_the_openai_client(ex, tmp_path):
     openai = pytest.importorskip("openai")
     pytest.importorskip("fastapi")
@@ -262,18 +290,25 @@ def test_ex11_6_in_the_server_through_the_openai_client(ex, tmp_path):
     from llmrs_core.server import BackgroundServer, create_app
     from llmrs_core.testing import write_tiny_llama
 
-    run_stream(ex, [out("r0", "a", reason="stop")])  # a stub or a crash shows here, not inside the server
+    # a stub, a crash or a framing mistake shows here, in the terms above, not inside the server
+    chunks_of(parse(run_stream(ex, [out("r0", "a", reason="stop")], include_usage=True)[0]))
     path = tmp_path / "tiny.gguf"
     write_tiny_llama(path, byte_tokenizer=True, seed=5)
     model = llmrs.load(path, backend="numpy")
     messages = [{"role": "user", "content": "hi"}]
     want = model.chat(messages, max_tokens=8)
-    app = create_app(model, served_model_name="tiny", warm_up=False, stream_events=ex.sse_events)
+    problems: list = []
+    app = create_app(model, served_model_name="tiny", warm_up=False, stream_events=checked(ex.sse_events, problems))
     with BackgroundServer(app) as url:
         client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=WAIT)
-        chunks = list(client.chat.completions.create(
-            model="tiny", messages=messages, max_tokens=8, temperature=0, stream=True,
-            stream_options={"include_usage": True}))
+        try:
+            chunks = list(client.chat.completions.create(
+                model="tiny", messages=messages, max_tokens=8, temperature=0, stream=True,
+                stream_options={"include_usage": True}))
+        except openai.OpenAIError as e:
+            blame_sse_events(problems)
+            pytest.fail(f"the openai client failed on your stream: {type(e).__name__}: {e}")
+    blame_sse_events(problems)
     assert chunks[0].choices[0].delta.role == "assistant", "the openai client saw no role chunk first"
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == want.text, f"the streamed text {text!r} differs from model.chat's {want.text!r}"

@@ -134,7 +134,23 @@ def test_ex12_7_the_servers_scrape_agrees_with_the_usage(ex, tmp_path):
     write_tiny_llama(tmp_path / "tiny.gguf", byte_tokenizer=True, seed=7)
     app = create_app(llmrs.load(tmp_path / "tiny.gguf", backend="numpy"), served_model_name="tiny",
                      warm_up=False)
-    app.state.metrics.record_at_finish(ex.record_finished_request)
+    errors: list = []
+
+    def recorder(metrics, timing, prompt_tokens, output_token_ids):
+        """The learner's function, noting what it raised (the server's engine loop would stop)."""
+        try:
+            ex.record_finished_request(metrics, timing, prompt_tokens, output_token_ids)
+        except Exception as e:
+            errors.append((e, timing, prompt_tokens, len(output_token_ids)))
+            raise
+
+    def blame_recorder() -> None:
+        for e, timing, prompt_tokens, n in errors[:1]:
+            pytest.fail(f"inside the server your record_finished_request (Exercise 12.7) raised {type(e).__name__}: "
+                        f"{e}, for a request of {prompt_tokens} prompt tokens and {n} output tokens ({timing}); "
+                        "the server runs it in its engine loop, which stopped")
+
+    app.state.metrics.record_at_finish(recorder)
 
     def load(client, n: int, first: int) -> list[tuple[int, int, str, float]]:
         """n requests one after another: (prompt_tokens, completion_tokens, finish_reason, client seconds)."""
@@ -161,10 +177,15 @@ def test_ex12_7_the_servers_scrape_agrees_with_the_usage(ex, tmp_path):
 
     with BackgroundServer(app) as url:
         client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=WAIT)
-        first = load(client, 4, 0)
-        m1 = scrape(url, 4)
-        second = load(client, 3, 4)
-        m2 = scrape(url, 7)
+        try:
+            first = load(client, 4, 0)
+            m1 = scrape(url, 4)
+            second = load(client, 3, 4)
+            m2 = scrape(url, 7)
+        except openai.OpenAIError:
+            blame_recorder()
+            raise
+    blame_recorder()
 
     for m, runs, what in ((m1, first, "after the first load"), (m2, first + second, "after the second load")):
         n = len(runs)

@@ -161,3 +161,16 @@ def test_pretty_printed_json_is_named():
     pretty = plant(sse.sse_event, ('separators=(",", ":")', "indent=2"))
     text = failure(T116.test_ex11_6_sse_event_is_one_data_line_and_a_blank_line, solution_with(11, sse_event=pretty))
     assert "do not pretty-print with indent" in text, text
+
+
+def test_a_wrong_event_inside_the_server_names_sse_events(tmp_path):
+    """A writer right on the test's stream but not on the server's (here: str events for another prompt) is
+    caught as the server calls it, and blamed on sse_events, not on the openai client."""
+
+    async def str_for_other_prompts(stream, info, include_usage, abort):
+        async for event in sse.sse_events(stream, info, include_usage, abort):
+            yield event if info.prompt_tokens == 7 else event.decode()
+
+    text = failure(T116.test_ex11_6_in_the_server_through_the_openai_client,
+                   solution_with(11, sse_events=str_for_other_prompts), tmp_path)
+    assert "inside the server your sse_events (Exercise 11.6) yielded 'data: " in text, text

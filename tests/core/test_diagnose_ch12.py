@@ -258,3 +258,17 @@ def test_each_ab_mistake_gets_its_own_message(mistake, tmp_path):
     ex = with_python_hash(tmp_path) if planted is None else solution_with(12, **planted)
     text = failure(test, ex, *args)
     assert message in text, text
+
+
+def test_a_recorder_that_raises_inside_the_server_is_named(tmp_path):
+    """A recorder right on the worked timings but raising on a real request's (here: any that did not arrive
+    at 100.0 or 200.0 s, as the worked ones did) is blamed by name, not seen as the engine loop failing."""
+
+    def record_finished_request(metrics, timing, prompt_tokens, output_token_ids):
+        if timing.arrival_time not in (100.0, 200.0):
+            raise ValueError("a clock reading I did not expect")
+        server_metrics.record_finished_request(metrics, timing, prompt_tokens, output_token_ids)
+
+    text = failure(T127.test_ex12_7_the_servers_scrape_agrees_with_the_usage,
+                   solution_with(12, record_finished_request=record_finished_request), tmp_path)
+    assert "inside the server your record_finished_request (Exercise 12.7) raised ValueError" in text, text
