@@ -48,12 +48,30 @@ def _reference(w: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     return w["token_embd.weight"][IDS].astype(np.float32), hidden[0]
 
 
+def _reference_shard(block: dict[str, np.ndarray], rank: int, world_size: int) -> dict[str, np.ndarray]:
+    """Rank ``rank``'s weights by NumPy slicing: bands of rows for Q, K, V, gate and up, of columns for o_proj
+    and down, the norms whole (what ``shard_block`` must return; the block tests use these, so that
+    they test ``parallel_block`` alone)."""
+    out = {}
+    for name, w in block.items():
+        if name in ("wo", "w_down"):
+            n = w.shape[1] // world_size
+            out[name] = np.ascontiguousarray(w[:, rank * n:(rank + 1) * n])
+        elif name in ("attn_norm", "ffn_norm"):
+            out[name] = w
+        else:
+            n = w.shape[0] // world_size
+            out[name] = w[rank * n:(rank + 1) * n]
+    return out
+
+
 def _run(ex, w: dict[str, np.ndarray], tp: int) -> tuple[list[np.ndarray], list[int]]:
+    """Each rank's output of the learner's ``parallel_block`` on the reference shards, and its all-reduce count."""
     x0 = w["token_embd.weight"][IDS].astype(np.float32)
     calls = [0] * tp
 
     def rank(comm):
-        shard = ex.shard_block(_block(w), comm.rank, comm.world_size)
+        shard = _reference_shard(_block(w), comm.rank, comm.world_size)
         counting = _Counting(comm, calls)
         try:
             return ex.parallel_block(x0.copy(), shard, counting, CONFIG)

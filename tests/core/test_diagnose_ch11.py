@@ -95,6 +95,13 @@ def test_each_tensor_parallel_mistake_gets_its_own_message(mistake, monkeypatch)
     assert message in text, text
 
 
+def test_a_wrong_shard_block_is_not_blamed_on_parallel_block():
+    """The block tests shard by NumPy slicing: a wrong shard_block fails its own test only."""
+    wrong = solution_with(11, **SHARDING_MISTAKES["o_proj split by rows"][0])
+    failure(T115.test_ex11_5_shard_block_splits_each_weight_the_right_way, wrong)
+    T115.test_ex11_5_block_equals_one_process_with_two_all_reduces(wrong, 2)
+
+
 def test_the_learner_style_splits_pass():
     """The split the uneven-split mistake is written in is right on even splits."""
     T115.test_ex11_5_split_rows_is_column_parallel(solution_with(11, split_rows=rows_without_check), 4)

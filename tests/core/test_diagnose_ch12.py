@@ -61,6 +61,10 @@ ENTRYPOINT_MISTAKES = {
         checker(('if env.get("LLMRS_THREADS", "").strip():', 'if "LLMRS_THREADS" in env:')),
         T126.test_ex12_6_unset_variables_take_the_defaults, ("gguf",), "an empty LLMRS_THREADS",
     ),
+    "a port read with float()": (
+        checker(_integer=lambda text: int(float(text))),
+        T126.test_ex12_6_a_port_outside_1_to_65535_is_refused, ("gguf", "8000.0"),
+        "a port is a plain decimal integer from 1 to 65535"),
     "the magic bytes not read": (
         checker(_model_problem=NOT_READ),
         T126.test_ex12_6_a_file_that_is_not_gguf_is_refused, ("tmp",), "must start with GGUF_MAGIC",
