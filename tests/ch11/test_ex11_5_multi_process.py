@@ -201,7 +201,9 @@ def _check_against_reference(outs, x0, want, what: str, tp: int) -> None:
                 f"and the ranks' add up to it: the partial sums of {'o_proj' if what == 'attention output' else 'down'}"
                 " were not all-reduced"
             )
-        pytest.fail(f"rank {rank}: the block's output differs from one process's by {err:.2e} (> {TOL:.2e})")
+        token, feature = np.unravel_index(int(np.argmax(np.abs(out - want))), want.shape)
+        pytest.fail(f"rank {rank}: the block's output differs from one process's by {err:.2e} (> {TOL:.2e}); worst "
+                    f"at token {token}, feature {feature}: {out[token, feature]:.5g} instead of {want[token, feature]:.5g}")
 
 
 @pytest.mark.parametrize("tp", [2])

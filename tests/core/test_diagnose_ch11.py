@@ -73,6 +73,10 @@ SHARDING_MISTAKES = {
         block((FIRST_REDUCE, 'x = comm.all_reduce(np.ascontiguousarray(x + layers.linear(heads, shard["wo"]), '
                              'dtype=np.float32))')),
         T115.test_ex11_5_attention_output_is_all_reduced, (2,), "x went into an all-reduce and was summed"),
+    "the causal mask left out": (
+        block(("attention.scaled_dot_product_attention(q, k, v, causal=True)",
+               "attention.scaled_dot_product_attention(q, k, v, causal=False)")),
+        T115.test_ex11_5_attention_output_is_all_reduced, (2,), "; worst at token"),
     "a third all-reduce": (
         block(("h = layers.rms_norm(x, shard[\"ffn_norm\"], c.rms_norm_eps)",
                "h = layers.rms_norm(x, shard[\"ffn_norm\"], c.rms_norm_eps); comm.all_reduce(np.zeros(1, np.float32))")),
