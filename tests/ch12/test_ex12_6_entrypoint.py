@@ -159,6 +159,13 @@ def test_ex12_6_threads_may_not_exceed_the_cores(ex, gguf):
     assert check(ex, {"LLMRS_MODEL": str(gguf), "LLMRS_THREADS": "1"}, 1, why=argument).threads == 1, argument
 
 
+@pytest.mark.parametrize("host", ["", "   "])
+def test_ex12_6_an_empty_host_is_refused(ex, gguf, host):
+    one_problem(ex, {"LLMRS_MODEL": str(gguf), "LLMRS_HOST": host}, "LLMRS_HOST",
+                why="an empty LLMRS_HOST (compose's `LLMRS_HOST:` with no value) is no address to listen on; "
+                    "refuse it (0.0.0.0 listens on every interface)")
+
+
 def test_ex12_6_an_unknown_backend_lists_the_known_ones(ex, gguf):
     message = one_problem(ex, {"LLMRS_MODEL": str(gguf), "LLMRS_BACKEND": "cuda12"}, "LLMRS_BACKEND")
     missing = [b for b in BACKENDS if b not in message]

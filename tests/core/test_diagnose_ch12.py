@@ -65,6 +65,9 @@ ENTRYPOINT_MISTAKES = {
         checker(_integer=lambda text: int(float(text))),
         T126.test_ex12_6_a_port_outside_1_to_65535_is_refused, ("gguf", "8000.0"),
         "a port is a plain decimal integer from 1 to 65535"),
+    "an empty host accepted": (
+        checker(("    if not host:", "    if False:")),
+        T126.test_ex12_6_an_empty_host_is_refused, ("gguf", ""), "is no address to listen on"),
     "the magic bytes not read": (
         checker(_model_problem=NOT_READ),
         T126.test_ex12_6_a_file_that_is_not_gguf_is_refused, ("tmp",), "must start with GGUF_MAGIC",
