@@ -218,6 +218,15 @@ def test_ex9_9_matches_the_engine_on_a_random_workload(ex):
             assert (ends == f).all(), f"step {step}: the bytes of a live block were overwritten"
     for ptr, (m, f) in live.items():
         assert (mine_device.read(ptr, m) == f).all(), "the bytes of a live block were overwritten"
+    want_segments = [[(b.ptr, b.size, b.state == "allocated") for b in seg.blocks] for seg in engine.snapshot()]
+    got_segments = [[tuple(b) for b in seg] for seg in mine.segments()]
+    if got_segments != want_segments:
+        if len(got_segments) != len(want_segments):
+            pytest.fail(f"after 400 random steps segments() lists {len(got_segments)} segments; the engine's pool "
+                        f"holds {len(want_segments)}")
+        i = next(i for i, (g, w) in enumerate(zip(got_segments, want_segments)) if g != w)
+        pytest.fail(f"after 400 random steps segment {i} of segments() is [{show(got_segments[i])}]; the engine's "
+                    f"pool has [{show(want_segments[i])}] (segments by address, their blocks in address order)")
     want_stats, got_stats = dataclasses.asdict(engine.stats()), mine.stats()
     for key in sorted(STAT_KEYS):
         assert got_stats[key] == want_stats[key], (
