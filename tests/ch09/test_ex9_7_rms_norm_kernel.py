@@ -44,8 +44,8 @@ def check(got: np.ndarray, x: np.ndarray, weight: np.ndarray, eps: float = 1e-5)
                 "the result is off by the weight — multiply x[row, k] * inv_rms by weight[k] once":
                     x64 / np.sqrt(square_sum / x.shape[1] + eps),
             }
-            for hint, variant in variants.items():
-                if normalised_error(got[r], variant) <= 1e-3:
+            for hint, variant in variants.items():  # a mistake explains the row: far closer to it than to the reference
+                if normalised_error(got[r], variant) <= min(1e-3, err / 10):
                     pytest.fail(f"row {r}: {hint}")
             ratio = got[r] / want[r]
             if np.allclose(ratio, ratio[0], rtol=1e-3):
