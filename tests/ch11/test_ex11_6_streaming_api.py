@@ -237,11 +237,19 @@ def test_ex11_6_a_cancelled_response_aborts_its_requests(ex):
                 task.result()
                 pytest.fail(f"the stream ended early, after {got}")
         task.cancel()  # what Starlette does when the client disconnects
-        with pytest.raises(asyncio.CancelledError):
+        try:
             await task
-        return aborted
+        except asyncio.CancelledError:
+            return aborted
+        pytest.fail("your sse_events swallowed the cancellation (asyncio.CancelledError) and ended normally: "
+                    "the server cancels the response when the client leaves; abort in a finally: block and let the "
+                    "cancellation go on")
 
-    aborted = asyncio.run(asyncio.wait_for(main(), WAIT))
+    try:
+        aborted = asyncio.run(asyncio.wait_for(main(), WAIT))
+    except asyncio.TimeoutError:
+        pytest.fail("sse_events sent fewer than 3 events for two chat choices and the output 'a' (a role chunk "
+                    "for each choice, then the text) before it waited for the engine")
     assert sorted(aborted) == ["r0", "r1"], (
         "the response was cancelled while waiting for the engine (the client disconnected): both unfinished "
         f"requests must be aborted; abort got {aborted}")

@@ -153,6 +153,10 @@ STREAM_MISTAKES = {
         events((ABORT, "    except GeneratorExit:  # aclose() only, not a cancelled task\n"
                        "        abort(stream.unfinished)\n        raise")),
         T116.test_ex11_6_a_cancelled_response_aborts_its_requests, "both unfinished requests must be aborted"),
+    "the cancellation swallowed": (
+        events((ABORT, "    except BaseException:  # also asyncio.CancelledError, which must go on\n"
+                       "        pass\n    finally:\n        if stream.unfinished:\n            abort(stream.unfinished)")),
+        T116.test_ex11_6_a_cancelled_response_aborts_its_requests, "swallowed the cancellation"),
     "aborting a finished answer": (
         events((ABORT, "    finally:\n        abort(list(info.choice_of))")),
         T116.test_ex11_6_a_finished_answer_aborts_nothing, "there is nothing to abort"),
