@@ -8,8 +8,10 @@ executed): every name a section's code reads is bound in the notebook's first
 code cell, in the section itself (its setup cell first), or is a builtin.
 
 The same tests hold the other promises of the exercise sections: their hints
-are tiered ``<details>`` blocks, and a stored ``run_tests`` output says that it
-is the reference solutions' run, not the learner's.
+are tiered ``<details>`` blocks, a stored ``run_tests`` output says that it
+is the reference solutions' run, not the learner's, and the number of tests it
+reports is the number the exercise has today (pytest collects them once, in a
+subprocess).
 """
 
 from __future__ import annotations
@@ -17,18 +19,22 @@ from __future__ import annotations
 import ast
 import builtins
 import json
+import os
 import re
+import subprocess
+import sys
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
 from llmrs_core import workbook
-from llmrs_core.workbook import REFERENCE_RUN
+from llmrs_core.workbook import REFERENCE_RUN, TEST_NAME, parse_exercise
 
 ROOT = Path(__file__).resolve().parents[2]
-#: the chapters whose notebooks this checks (chapter 12's is still being written)
-CHAPTERS = tuple(range(1, 12))
+#: the chapters whose notebooks this checks
+CHAPTERS = tuple(range(1, 13))
 #: names a notebook cell may read without binding them (IPython's own)
 IPYTHON_NAMES = {"display", "get_ipython", "In", "Out"}
 
@@ -195,6 +201,110 @@ def test_stored_test_runs_say_they_are_the_reference(path, title):
         )
 
 
+# -- stored run_tests counts: the number of tests the exercise has today ------------------
+
+#: collects the chapter test folders given as arguments as ``run_tests`` would run them (the
+#: solutions), and prints their node ids as JSON; the terminal plugin is off, so the workbook's
+#: report (which has nothing to say about a run that ran nothing) stays out of it, and the
+#: assertions are not rewritten (nothing runs them): half the time
+_COLLECT = """
+import json, sys
+import pytest
+
+class Items:
+    ids, errors = None, []
+    def pytest_collectreport(self, report):
+        if report.failed:
+            self.errors.append(f"{report.nodeid}: {report.longreprtext[-1500:]}")
+    def pytest_collection_finish(self, session):
+        self.ids = [item.nodeid for item in session.items]
+
+items = Items()
+rc = pytest.main([*sys.argv[1:], "--collect-only", "--impl", "solutions", "--assert=plain",
+                  "-p", "no:terminal", "-p", "no:cacheprovider", "-p", "no:nbval"], plugins=[items])
+print(json.dumps({"rc": int(rc), "ids": items.ids, "errors": items.errors}))
+"""
+#: pytest's outcome words that count a selected test ("7 deselected" does not)
+_OUTCOMES = re.compile(r"\b(\d+) (passed|failed|skipped|xfailed|xpassed|errors?)\b")
+
+
+def stored_test_runs() -> list[tuple[Path, str, str]]:
+    """``(notebook, "5.6", stored output)`` for every ``run_tests("N.M")`` cell of the notebooks."""
+    found = []
+    for path in notebooks():
+        for cell in json.loads(path.read_text())["cells"]:
+            if cell["cell_type"] != "code":
+                continue
+            for m in re.finditer(r"""\brun_tests\(\s*["'](\d+\.\d+)["']""", source(cell)):
+                text = "".join("".join(o.get("text", "")) for o in cell.get("outputs", []))
+                found.append((path, m.group(1), text))
+    return found
+
+
+STORED_RUNS = stored_test_runs()
+
+
+def exercise_test_counts(node_ids: list[str]) -> Counter:
+    """``{(5, "5.6"): 9, ..., (5, None): 21}``: how many collected tests each exercise has in its
+    chapter's folder (``tests/ch05/...::test_ex5_6_...[case]``), the tests ``run_tests("5.6")``
+    selects, and under ``None`` all the folder's tests (the rest are the run's deselected ones)."""
+    counts: Counter = Counter()
+    for node in node_ids:
+        folder = re.match(r"tests/ch(\d\d)/", node)
+        if not folder:
+            continue
+        counts[int(folder.group(1)), None] += 1
+        if name := TEST_NAME.match(node.rpartition("::")[2]):
+            counts[int(folder.group(1)), f"{int(name['n'])}.{int(name['m'])}"] += 1
+    return counts
+
+
+def counts_in(report: str) -> tuple[int, int] | None:
+    """``(ran, deselected)`` from a stored report: ``"9 passed, 2 skipped, 7 deselected in 1.2s"``
+    gives ``(11, 7)``; ``None`` when it names no outcome."""
+    found = _OUTCOMES.findall(report)
+    if not found:
+        return None
+    deselected = re.search(r"\b(\d+) deselected\b", report)
+    return sum(int(n) for n, _ in found), int(deselected.group(1)) if deselected else 0
+
+
+@pytest.fixture(scope="module")
+def collected() -> Counter:
+    folders = sorted({f"tests/ch{parse_exercise(e)[0]:02d}" for _, e, _ in STORED_RUNS})
+    env = {"OPENBLAS_NUM_THREADS": "1", "NUMBA_NUM_THREADS": "1", **os.environ}
+    try:
+        proc = subprocess.run([sys.executable, "-c", _COLLECT, *folders], cwd=ROOT, env=env,
+                              capture_output=True, text=True, timeout=300)
+    except subprocess.TimeoutExpired:
+        pytest.fail("collecting the chapter tests took over 300 s")
+    lines = proc.stdout.strip().splitlines()
+    result = json.loads(lines[-1]) if lines and lines[-1].startswith("{") else None
+    assert result and result["rc"] == 0 and result["ids"], (
+        f"collecting {' '.join(folders)} failed (exit status {proc.returncode}):\n"
+        + ("\n".join(result["errors"]) if result and result["errors"] else proc.stdout[-2000:] + proc.stderr[-2000:])
+    )
+    return exercise_test_counts(result["ids"])
+
+
+@pytest.mark.parametrize(("path", "exercise", "text"), STORED_RUNS, ids=[e for _, e, _ in STORED_RUNS])
+def test_stored_test_runs_report_todays_number_of_tests(path, exercise, text, collected):
+    chapter, _ = parse_exercise(exercise)
+    report = next((line for line in text.splitlines() if line.startswith(f"Exercise {exercise} ")), "")
+    assert "all tests pass" in report, (
+        f"{path.name}: the stored run_tests({exercise!r}) output is not a passing reference run "
+        f"({report or text[:200]!r}); fix what fails, then execute the notebook again"
+    )
+    ran = collected[chapter, exercise]
+    want, stored = (ran, collected[chapter, None] - ran), counts_in(report)
+    assert stored == want, (
+        f"{path.name}: the stored run_tests({exercise!r}) output reports {stored[0]} tests run and "
+        f"{stored[1]} deselected, but today tests/ch{chapter:02d} has {want[0]} for Exercise {exercise} "
+        f"and {want[1]} others: the output is stale; execute the notebook again (build/exec_nb.py)"
+        if stored else f"{path.name}: the stored run_tests({exercise!r}) output names no test count: {report!r}"
+    )
+
+
 # -- the check itself: it finds what a learner jumping to a section meets ---------------
 
 
@@ -248,3 +358,26 @@ def test_run_tests_labels_the_reference_run(impl, labelled, monkeypatch, capsys)
     first, *_ = capsys.readouterr().out.splitlines()
     assert (first == REFERENCE_RUN) is labelled
     assert labelled or first == "Exercise 3.6 (learner): all tests pass — 3 passed, 7 deselected in 1.00s"
+
+
+@pytest.mark.parametrize(("report", "counts"), [
+    ("Exercise 12.6 (solutions): all tests pass — 23 passed, 2 skipped, 25 deselected in 5.06s", (25, 25)),
+    ("Exercise 1.6 (solutions): all tests pass — 23 passed in 7.97s", (23, 0)),
+    ("= 1 failed, 3 passed, 2 errors, 1 xfailed, 4 deselected in 2.00s =", (7, 4)),
+    ("Exercise 3.6 (learner): not there yet.", None),
+])
+def test_stored_counts_are_read_as_pytest_writes_them(report, counts):
+    assert counts_in(report) == counts
+
+
+def test_tests_are_counted_per_exercise_in_their_chapter_folder():
+    ids = [
+        "tests/ch05/test_kv_cache.py::test_ex5_6_view_shape[2-8]",
+        "tests/ch05/test_kv_cache.py::test_ex5_6_view_shape[4-8]",
+        "tests/ch05/test_paged.py::Test::test_ex5_7_blocks",
+        "tests/ch05/test_paged.py::test_helper_is_not_an_exercise_test",
+        "tests/ch06/test_q.py::test_ex5_6_in_another_chapter",   # run_tests("5.6") runs tests/ch05 only
+        "tests/core/test_x.py::test_ex5_6_core",
+    ]
+    assert exercise_test_counts(ids) == Counter(
+        {(5, None): 4, (5, "5.6"): 2, (5, "5.7"): 1, (6, None): 1, (6, "5.6"): 1})
