@@ -293,14 +293,16 @@ def test_stored_test_runs_report_todays_number_of_tests(path, exercise, text, co
     report = next((line for line in text.splitlines() if line.startswith(f"Exercise {exercise} ")), "")
     assert "all tests pass" in report, (
         f"{path.name}: the stored run_tests({exercise!r}) output is not a passing reference run "
-        f"({report or text[:200]!r}); fix what fails, then execute the notebook again"
+        f"({report or text[:200]!r}); fix what fails, then execute the notebook again "
+        f"(`.venv/bin/python scripts/refresh_notebooks.py {path.relative_to(ROOT)}`)"
     )
     ran = collected[chapter, exercise]
     want, stored = (ran, collected[chapter, None] - ran), counts_in(report)
     assert stored == want, (
         f"{path.name}: the stored run_tests({exercise!r}) output reports {stored[0]} tests run and "
         f"{stored[1]} deselected, but today tests/ch{chapter:02d} has {want[0]} for Exercise {exercise} "
-        f"and {want[1]} others: the output is stale; execute the notebook again (build/exec_nb.py)"
+        f"and {want[1]} others: the output is stale; execute the notebook again "
+        f"(`.venv/bin/python scripts/refresh_notebooks.py {path.relative_to(ROOT)}`)"
         if stored else f"{path.name}: the stored run_tests({exercise!r}) output names no test count: {report!r}"
     )
 
