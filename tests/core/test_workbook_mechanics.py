@@ -361,3 +361,17 @@ def test_reset_refuses_an_unknown_exercise(committed):
     assert "there is no Exercise 1.8: chapter 1 has exercises 1.6 and 1.7; nothing was changed" in proc.stderr
     assert exercises_file(committed).read_text() == before
     assert not list(exercises_file(committed).parent.glob("*.bak"))
+
+
+def test_run_tests_under_make_test_says_where_the_tests_run(monkeypatch, capsys):
+    # make test's nbval step: the exercise's tests are test-solutions' to run; a notebook cell says so
+    from llmrs_core import workbook
+
+    def no_subprocess(*args, **kwargs):
+        raise AssertionError("run_tests started pytest although LLMRS_RUN_TESTS=elsewhere")
+
+    monkeypatch.setenv("LLMRS_RUN_TESTS", "elsewhere")
+    monkeypatch.setattr(workbook.subprocess, "run", no_subprocess)
+    assert workbook.run_tests("3.6", impl="solutions") is True
+    out = capsys.readouterr().out
+    assert out.startswith(workbook.REFERENCE_RUN) and "test-solutions step runs these tests" in out
