@@ -557,7 +557,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("files", nargs="*", metavar="FILE", help="compare: the old and the new results.json")
     p.add_argument("--quick", action="store_true", help="all: the small plan (about 5 minutes on 2 cores)")
     p.add_argument("--only", metavar="NAMES",
-                   help="all: some benchmarks, comma-separated (tokenizer, speed, throughput, serve)")
+                   help="all: some benchmarks, comma-separated (tokenizer, speed, throughput, serve, quant, dist)")
     p.add_argument("--output-dir", metavar="DIR", default="build/bench",
                    help="all: where results.json, report.md and the plots go (default build/bench)")
     p.add_argument("--model", help="a GGUF file (default: SmolLM2)")

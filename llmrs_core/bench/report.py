@@ -4,7 +4,8 @@
 
 * ``results.json`` — the whole result document (:func:`.suite.run_all`);
 * ``report.md`` — the environment, then one table per benchmark: median, 95%
-  interval, coefficient of variation, repetitions, and "noisy" where it applies;
+  interval, coefficient of variation, repetitions, and "noisy" where it applies; and the
+  benchmark's own table where it gives one (``raw["table"]``: the quantisation table);
 * ``ratios.png`` — every ratio figure with its interval (1 = parity);
 * ``distributions.png`` — each figure's repetitions over its median: the
   spread a single number hides.
@@ -36,6 +37,19 @@ def figure_row(f: Figure) -> str:
             f"{_value(f.ci_high, f.unit)} | {100 * f.cv:.1f}%{mark} | {len(f.samples)} |")
 
 
+def raw_table(table: dict) -> list[str]:
+    """A benchmark's own table (``raw["table"] = {"columns": [...], "rows": [[...]]}``, display
+    strings) as Markdown lines; ``ValueError`` when a row's length is not the columns'."""
+    columns, rows = table["columns"], table["rows"]
+    for i, row in enumerate(rows):
+        if len(row) != len(columns):
+            raise ValueError(f"table row {i} has {len(row)} cells for {len(columns)} columns")
+
+    def line(cells) -> str:
+        return "| " + " | ".join(str(c).replace("|", "\\|") for c in cells) + " |"
+    return [line(columns), "|" + "---|" * len(columns), *map(line, rows)]
+
+
 def markdown(result: dict) -> str:
     """The report of one result document."""
     from .suite import figures_of
@@ -61,8 +75,13 @@ def markdown(result: dict) -> str:
         if "skipped" in b:
             lines.append(f"Skipped: {b['skipped']}")
             continue
-        lines += ["| figure | median | 95% interval | CV | n |", "|---|---|---|---|---|"]
-        lines += [figure_row(figures[k]) for k in b["figures"]]
+        if b["figures"]:
+            lines += ["| figure | median | 95% interval | CV | n |", "|---|---|---|---|---|"]
+            lines += [figure_row(figures[k]) for k in b["figures"]]
+        table = b["raw"].get("table")
+        if table:
+            lines += [""] if b["figures"] else []
+            lines += raw_table(table)
         if b["notes"]:
             lines.append("")
             lines += [f"- {note}" for note in b["notes"]]
@@ -175,4 +194,5 @@ def format_comparison(rows: list[tuple[Figure, Figure, Change]], only: list[str]
     return "\n".join(lines)
 
 
-__all__ = ["compare_results", "figure_row", "format_comparison", "markdown", "read_result", "write_outputs"]
+__all__ = ["compare_results", "figure_row", "format_comparison", "markdown", "raw_table", "read_result",
+           "write_outputs"]

@@ -18,11 +18,18 @@ benchmark          what                                                         
                    decode of many sequences against one, the prefix cache
 ``serve``          our HTTP server at 1/4/16 clients, llama-cpp-python's server   11
                    when installed (``llama-cpp-python[server]``)
+``quant``          size, perplexity and KL divergence per quantisation scheme    6
+                   (:mod:`llmrs_core.quant.evaluate`): deterministic, so a
+                   table (``raw["table"]``), no repeated figures
+``dist``           decode tokens/s and the share of decode time communicating:   11
+                   one process, tensor and pipeline parallel under ``mpiexec``
+                   (:mod:`.dist`; skipped without mpi4py/mpiexec, the dist extra)
 =================  ===========================================================  =======
 
 A benchmark whose optional reference is missing runs without it and says so in
-``notes``; one that cannot run at all (the serve extra missing) is skipped with a
-sentence. Before it starts, :func:`busy_check` looks for a busy machine.
+``notes``; one that cannot run at all (the serve or dist extra missing) is skipped with a
+sentence. A benchmark may give a table besides its figures, ``raw["table"] = {"columns":
+[...], "rows": [[...]]}`` of display strings, which the report prints as it is. Before it starts, :func:`busy_check` looks for a busy machine.
 """
 
 from __future__ import annotations
@@ -59,18 +66,29 @@ class Plan:
     serve_prompts: int = 16
     serve_input_len: int = 128
     serve_output_len: int = 64
+    #: the quant table's schemes (:data:`llmrs_core.quant.evaluate.SCHEMES`) and text length in tokens
+    quant_schemes: tuple[str, ...] = ("f32", "f16", "q8_0", "int8 per channel", "q6_k", "q4_k", "q4_1", "q4_0",
+                                      "int4 group 32", "q4_1, embedding too")
+    quant_tokens: int = 257
+    #: decode steps in each of dist's repetitions (one launch per layout runs repetitions + 1 groups)
+    dist_tokens: int = 32
 
     def __post_init__(self) -> None:
         if self.repetitions < MIN_REPETITIONS:
             raise ValueError(f"a figure needs at least {MIN_REPETITIONS} repetitions, got {self.repetitions}")
         if self.threads < 1:
             raise ValueError(f"threads must be at least 1, got {self.threads}")
+        if self.quant_tokens < 2:
+            raise ValueError(f"quant_tokens must be at least 2 (one prediction), got {self.quant_tokens}")
+        if self.dist_tokens < 1:
+            raise ValueError(f"dist_tokens must be at least 1, got {self.dist_tokens}")
 
     @classmethod
     def quick(cls, threads: int = 2, repetitions: int = 5) -> Plan:
         return cls("quick", repetitions, threads, tokenizer_copies=10, pp=128, tg=32, throughput_requests=8,
                    throughput_max_prompt=64, throughput_max_output=16, max_num_seqs=8, serve_levels=(1, 4),
-                   serve_prompts=8, serve_input_len=64, serve_output_len=24)
+                   serve_prompts=8, serve_input_len=64, serve_output_len=24,
+                   quant_schemes=("f32", "f16", "q8_0", "q4_0", "q4_1"), quant_tokens=65, dist_tokens=8)
 
     @classmethod
     def full(cls, threads: int = 2, repetitions: int = 5) -> Plan:
@@ -279,6 +297,144 @@ class ServeBench(Benchmark):
         return Outcome(figures, notes, {"servers": {k: v["command"] for k, v in result["servers"].items()}})
 
 
+class QuantBench(Benchmark):
+    """Chapter 6's table (:func:`llmrs_core.quant.evaluate.table`) on the first
+    :attr:`Plan.quant_tokens` tokens of :data:`QUANT_TEXT`. Size, perplexity and KL are
+    deterministic: one evaluation per scheme, recorded in ``raw`` (no repeated figures;
+    re-quantising every matrix and a forward pass take seconds each, too much to repeat
+    five times for a timing nobody reads)."""
+
+    name, title = "quant", "quant: size, perplexity and KL divergence per quantisation scheme (chapter 6)"
+
+    def steps(self, plan: Plan) -> int:
+        return len(plan.quant_schemes) + 1  # the reference, then each scheme
+
+    def run(self, model_path: Path, plan: Plan, tick: Callable[[str], None]) -> Outcome:
+        from ..loader import load
+        from ..quant.evaluate import evaluate, reference, scheme_named
+        from ..workbook import find_root
+
+        schemes = {name: scheme_named(name) for name in plan.quant_schemes}  # a bad name before loading
+        model = load(model_path, backend="numpy")
+        ids = model.tokenizer.encode((find_root() / QUANT_TEXT).read_text())[:plan.quant_tokens]
+        if len(ids) < plan.quant_tokens:
+            raise ValueError(f"{QUANT_TEXT} has {len(ids)} tokens, fewer than the plan's {plan.quant_tokens}")
+        ref = reference(model, ids)
+        tick("quant")
+        rows = {}
+        for name, scheme in schemes.items():
+            start = time.perf_counter()
+            rows[name] = {**evaluate(model, ids, scheme, ref), "seconds": time.perf_counter() - start}
+            tick("quant")
+        n_weights = sum(info.n_elements for name, info in model.gguf.tensors.items()
+                        if name != "output.weight" or not model.config.tie_embeddings)
+        mixed = [name for name, r in rows.items() if len(r["stored_as"]) > 1]
+        table = {"columns": ["scheme", "size MB", "bits/weight", "perplexity", "KL (nats)", "top-1 same",
+                             "matrices stored as"],
+                 "rows": [[name + ("*" if name in mixed else ""), f"{r['bytes'] / 1e6:.1f}",
+                           f"{8 * r['bytes'] / n_weights:.2f}", f"{r['ppl']:.3f}", f"{r['kl']:.1e}",
+                           f"{100 * r['top1']:.1f}%", ", ".join(f"{n} {k}" for k, n in r["stored_as"].items())]
+                          for name, r in rows.items()]}
+        embedding = model.gguf.tensors["token_embd.weight"].type_name
+        notes = [f"{len(ids) - 1} next-token predictions on the first {len(ids)} tokens of {QUANT_TEXT}; the "
+                 f"reference is the model as loaded (perplexity {ref.ppl:.3f}), so every figure is damage added to "
+                 f"the file's own quantisation",
+                 f"the embedding (the output head) keeps the file's {embedding} except where the scheme's name "
+                 "says otherwise; norms stay F32",
+                 "deterministic figures: one evaluation each, in the table (no repetitions, nothing for "
+                 "`bench compare`)"]
+        if mixed:
+            notes.append("*: rows that do not split into the type's blocks fall back to Q8_0 (llmrs quantize's rule)")
+        return Outcome([], notes, {"tokens": len(ids), "text": str(QUANT_TEXT), "reference_ppl": ref.ppl,
+                                   "weights": n_weights, "schemes": rows, "table": table})
+
+
+class DistBench(Benchmark):
+    """Chapter 11's split model under real ranks (:mod:`.dist`): one launch per layout, each
+    giving :attr:`Plan.repetitions` groups of :attr:`Plan.dist_tokens` decode steps after a
+    warm-up group."""
+
+    name, title = "dist", "dist: tensor- and pipeline-parallel decode and its communication (chapter 11)"
+
+    def __init__(self, backend: str = "numba", timeout: float | None = None):
+        from .dist import LAUNCH_TIMEOUT
+
+        self.backend = backend
+        self.timeout = LAUNCH_TIMEOUT if timeout is None else timeout
+
+    def missing(self) -> str | None:
+        from ..distributed.mpi import INSTALL_HINT, find_mpiexec
+
+        try:
+            import mpi4py  # noqa: F401
+        except ImportError:
+            return f"the dist benchmark needs mpi4py, which is not installed: {INSTALL_HINT}"
+        try:
+            find_mpiexec()
+        except FileNotFoundError as e:
+            return f"the dist benchmark needs mpiexec: {e}"
+        return None
+
+    def steps(self, plan: Plan) -> int:
+        return 3  # one launch per layout
+
+    def run(self, model_path: Path, plan: Plan, tick: Callable[[str], None]) -> Outcome:
+        from ..distributed.shard import weight_block_size
+        from ..formats.gguf import read_gguf
+        from .dist import LaunchFailed, decode_repetitions, launch, layouts
+
+        source = read_gguf(model_path)
+        chosen, notes = layouts(source.config, weight_block_size(source))
+        n_tokens = (plan.repetitions + 1) * plan.dist_tokens
+        if n_tokens >= source.config.context_length:
+            raise ValueError(f"dist: {n_tokens} decode steps do not fit the model's context "
+                             f"({source.config.context_length}): lower dist_tokens")
+        for _ in range(self.steps(plan) - len(chosen)):
+            tick("dist")  # the layouts this model cannot run
+        runs = {}
+        for layout in chosen:
+            try:
+                profile = launch(model_path, layout, n_tokens, self.backend, self.timeout)
+                runs[layout] = (profile, decode_repetitions(profile, plan.dist_tokens))
+            except LaunchFailed as e:
+                notes.append(f"{layout.name}: not measured: {e}")
+            tick("dist")
+        figures, table, raw = [], [], {}
+        single = next((r for layout, (_, r) in runs.items() if layout.ranks == 1), None)
+        base_tokens = next((p["token_ids"] for layout, (p, _) in runs.items() if layout.ranks == 1), None)
+        for layout, (profile, r) in runs.items():
+            k, name = layout.key, layout.name
+            figures.append(Figure.of(f"dist.{k}.decode_tok_s", f"{name}: decode", "tokens/s", r["tokens_per_s"]))
+            if layout.ranks > 1:
+                figures.append(Figure.of(f"dist.{k}.comm_share", f"{name}: share of decode time communicating", "%",
+                                         [100 * x for x in r["comm_share"]], higher_is_better=False))
+                if single is not None:
+                    figures.append(Figure.of(f"dist.{k}/single", f"{name} / one process, decode tokens/s", "ratio",
+                                             ratio_samples(r["tokens_per_s"], single["tokens_per_s"])))
+                if base_tokens is not None and profile["token_ids"] != base_tokens:
+                    same = next(i for i, (a, b) in enumerate(zip(profile["token_ids"], base_tokens)) if a != b)
+                    notes.append(f"{name}: the greedy tokens differ from one process's from token {same} on "
+                                 "(a near tie decided by another order of the sums)")
+            for i, s in enumerate(r["ranks"]):
+                table.append([name, str(i), f"{1e3 * s['step_s']:.1f}", f"{1e3 * s['comm_s']:.1f}",
+                              f"{100 * s['comm_share']:.0f}%", f"{s['all_reduces']:g}", f"{s['sent_bytes']:,.0f}"])
+            raw[name] = {"command": profile["command"], "ranks": layout.ranks, "decode_per_rank": r["ranks"],
+                         "prefill_per_rank": [x["prefill"] for x in profile["ranks"]]}
+        cores = os.cpu_count() or 1
+        notes += [f"every process runs one thread (the split layouts' ranks share this machine's {cores} cores); "
+                  "time in communication includes waiting for the slowest rank",
+                  "the layouts run one after another, one launch each: their ratio pairs repetitions by index, "
+                  "less robust to drift than the interleaved speed figures"]
+        return Outcome(figures, notes, {
+            "backend": self.backend, "tokens_per_repetition": plan.dist_tokens, "layouts": raw,
+            "table": {"columns": ["layout", "rank", "step ms", "in communication ms", "share", "all-reduces/step",
+                                  "bytes sent/step"], "rows": table}})
+
+
+#: the text the quant table is measured on (the chapter's), relative to the checkout
+QUANT_TEXT = Path("tests/data/long_text.txt")
+
+
 def _tokenizer(model_path: Path):
     from ..loader import load
 
@@ -292,6 +448,7 @@ def _slug(name: str) -> str:
 #: every benchmark, in the order they run
 BENCHMARKS: dict[str, Callable[[], Benchmark]] = {
     "tokenizer": TokenizerBench, "speed": SpeedBench, "throughput": ThroughputBench, "serve": ServeBench,
+    "quant": QuantBench, "dist": DistBench,
 }
 
 
@@ -376,5 +533,5 @@ def figures_of(result: dict) -> dict[str, Figure]:
     return {d["key"]: Figure.from_json(d) for d in result["figures"]}
 
 
-__all__ = ["BENCHMARKS", "Benchmark", "Outcome", "Plan", "ServeBench", "SpeedBench", "ThroughputBench",
-           "TokenizerBench", "busy_check", "figures_of", "ratio_samples", "run_all"]
+__all__ = ["BENCHMARKS", "Benchmark", "DistBench", "Outcome", "Plan", "QuantBench", "ServeBench", "SpeedBench",
+           "ThroughputBench", "TokenizerBench", "busy_check", "figures_of", "ratio_samples", "run_all"]
