@@ -249,6 +249,10 @@ def create_app(
                     async with contextlib.aclosing(
                             stream_events(stream, info, req.include_usage, engine_loop.abort)) as writer:
                         async for event in writer:
+                            if not isinstance(event, bytes):  # a plugged-in writer (Exercise 11.6) gone wrong
+                                raise TypeError(f"the stream writer (stream_events: Exercise 11.6's sse_events "
+                                                f"when plugged in) yielded {type(event).__name__}, not the "
+                                                "bytes of one SSE event")
                             yield event
                 finally:
                     stream.close()  # its deadline, if any, is over

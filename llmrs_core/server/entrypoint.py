@@ -172,13 +172,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--check-only", action="store_true", help="print the llmrs serve command and exit")
     args, serve_args = p.parse_known_args(argv)
     check = load_checker(args.checker) if args.checker else check_serve_environment
+    which = f"check_serve_environment of {args.checker} (Exercise 12.6)" if args.checker else "the checker"
     try:
         settings = check(os.environ)
     except ServeEnvironmentError as e:
         print(f"llmrs entrypoint: {e}", file=sys.stderr)
         return EX_CONFIG
+    except Exception as e:  # a checker with a bug: one line naming it, not a traceback
+        print(f"llmrs entrypoint: {which} raised {type(e).__name__}: {e} (a bad environment is "
+              "ServeEnvironmentError's to report)", file=sys.stderr)
+        return EX_CONFIG
     if not isinstance(settings, ServeSettings):
-        print(f"llmrs entrypoint: the checker returned {type(settings).__name__}, not ServeSettings",
+        print(f"llmrs entrypoint: {which} returned {type(settings).__name__}, not ServeSettings",
               file=sys.stderr)
         return EX_CONFIG
     command = [*settings.serve_argv(), *serve_args]

@@ -136,6 +136,10 @@ def record_finished_request(metrics: RequestMetricSet, timing: RequestMetrics, p
     metrics.request_generation_tokens.observe(len(output_token_ids))
 
 
+class RecorderError(RuntimeError):
+    """A recorder given to :meth:`ServerMetrics.record_at_finish` raised (its error is the cause)."""
+
+
 class ServerMetrics:
     """The server's metrics in their own registry; ``render()`` is the ``/metrics`` body.
 
@@ -237,7 +241,12 @@ class ServerMetrics:
         timing = engine.request_metrics(out.request_id)
         self.success.labels(**label, finished_reason=out.finish_reason).inc()
         if out.finish_reason in COMPLETE:
-            recorder(self.request_metric_set(), timing, len(request.prompt_ids), tuple(request.output_ids))
+            try:
+                recorder(self.request_metric_set(), timing, len(request.prompt_ids), tuple(request.output_ids))
+            except Exception as e:  # name the plugged-in code (Exercise 12.7), not "the engine loop failed"
+                raise RecorderError(f"the finished-request recorder (record_at_finish: Exercise 12.7's "
+                                    f"record_finished_request) raised {type(e).__name__}: {e}, on request "
+                                    f"{out.request_id!r}") from e
         else:  # what the streaming path counts for an aborted or failed request
             self.generation_tokens.labels(**label).inc(len(request.output_ids))
             if request.output_ids:
@@ -274,5 +283,5 @@ class ServerMetrics:
         return generate_latest(self.registry)
 
 
-__all__ = ["COMPLETE", "ITL_BUCKETS", "REQUEST_LATENCY_BUCKETS", "TTFT_BUCKETS", "FinishedRequestRecorder",
+__all__ = ["COMPLETE", "ITL_BUCKETS", "REQUEST_LATENCY_BUCKETS", "TTFT_BUCKETS", "FinishedRequestRecorder", "RecorderError",
            "RequestMetricSet", "ServerMetrics", "build_1_2_5_buckets", "record_finished_request"]
