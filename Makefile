@@ -149,13 +149,20 @@ gpu-check:
 # that choice stands). The haswell leg needs AVX2 and FMA to run; without, it is skipped, saying so.
 PORTABLE_CPUS := haswell generic
 # what computes no floats and compiles nothing: the tokenizer and the workbook's own mechanics; the
-# server and its benchmark (HTTP, framing, scheduling: they compare a backend with itself) and the GPU
-# memory pool; and the mpiexec launches, whose arithmetic test_distributed.py checks in one process
-# (ranks compiling into an empty cache at once would take minutes)
+# server, the benchmarks and the A/B tests (HTTP, framing, scheduling, statistics: they compare a
+# backend with itself) and the GPU memory pool; the command line's errors, the deploy files, the
+# fetch, bad GGUF input, the notebooks' structure, the cache and scheduler checks; the diagnoses of
+# chapters 9-12 (the CUDA simulator, servers, NumPy); and the mpiexec launches, whose arithmetic
+# test_distributed.py checks in one process (ranks compiling into an empty cache at once would take minutes)
 PORTABLE_SKIP := --ignore-glob='tests/core/test_tokenizer*' --ignore-glob='tests/core/test_workbook_*' \
-                 --ignore-glob='tests/core/test_server*' --ignore-glob='tests/core/test_bench_serve*' \
+                 --ignore-glob='tests/core/test_server*' --ignore-glob='tests/core/test_bench_*' \
+                 --ignore-glob='tests/core/test_ab_*' --ignore-glob='tests/core/test_cost*' \
                  --ignore-glob='tests/core/test_gpu_memory_pool*' --ignore-glob='tests/core/test_prometheus*' \
-                 --ignore=tests/core/test_distributed_mpi.py
+                 --ignore=tests/core/test_cli_errors.py --ignore=tests/core/test_deploy_files.py \
+                 --ignore=tests/core/test_fetch.py --ignore=tests/core/test_gguf_bad_input.py \
+                 --ignore=tests/core/test_notebook_sections.py --ignore=tests/core/test_cache_checks.py \
+                 --ignore=tests/core/test_scheduler_checks.py --ignore-glob='tests/core/test_diagnose_ch09*' \
+                 --ignore-glob='tests/core/test_diagnose_ch1*' --ignore=tests/core/test_distributed_mpi.py
 test-portable: fetch
 	@total=$$(date +%s); \
 	avx2=$$($(PY) -c 'import llvmlite.binding as l; f = l.get_host_cpu_features(); print(int(f.get("avx2", False) and f.get("fma", False)))' 2>/dev/null); \
