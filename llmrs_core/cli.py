@@ -385,6 +385,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
     check_int("--requests", args.requests, minimum=1)
     check_int("--max-num-seqs", args.max_num_seqs, minimum=1)
     result = throughput(model, n_requests=args.requests, seed=args.seed, max_num_seqs=args.max_num_seqs)
+    from .bench.speed import machine
+
+    result |= {"backend": model.backend_report().splitlines()[0], "threads": args.threads, "machine": machine(),
+               "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     print(json.dumps(result, indent=2) if args.json else format_throughput(result))
     return 0
 
