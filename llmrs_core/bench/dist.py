@@ -39,8 +39,9 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-#: seconds one launch may take: SmolLM2 loads and compiles on every rank of a busy machine
-LAUNCH_TIMEOUT = 600
+#: seconds one launch may take: SmolLM2 loads and compiles on every rank (about 20 s for TP 3 on the
+#: busy 2-core machine, 192 decode steps included)
+LAUNCH_TIMEOUT = 300
 #: what every rank (and the baseline) runs with: one thread each, so that a split's ranks and the
 #: baseline ask for cores the same way
 ONE_THREAD = {"NUMBA_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
@@ -148,7 +149,7 @@ def _tail(text: str, lines: int = 6) -> str:
 
 def launch(model_path: Path, layout: Layout, tokens: int, backend: str, timeout: float = LAUNCH_TIMEOUT) -> dict:
     """One bounded launch of the profile for ``layout``: its JSON document (rank 0's), with the
-    command line under ``"command"``."""
+    command line (and the environment variables it set) under ``"command"``."""
     with tempfile.TemporaryDirectory(prefix="llmrs-dist-") as tmp:
         out = Path(tmp) / "profile.json"
         argv, env = profile_command(model_path, layout, tokens, backend, out)
@@ -157,7 +158,11 @@ def launch(model_path: Path, layout: Layout, tokens: int, backend: str, timeout:
             profile = json.loads(out.read_text())
         except (OSError, json.JSONDecodeError) as e:
             raise LaunchFailed(f"`{' '.join(argv)}` ended but left no readable profile ({e})") from None
-    profile["command"] = " ".join(["mpiexec", *argv[1:]] if layout.ranks > 1 else ["python", *argv[1:]])
+    from ..distributed.mpi import OVERSUBSCRIBED_ENV
+
+    settings = [f"{k}={v}" for k, v in env.items() if k in ONE_THREAD or k in OVERSUBSCRIBED_ENV]
+    shown = ["python" if a == sys.executable else a for a in argv]
+    profile["command"] = " ".join([*settings, *(["mpiexec", *shown[1:]] if layout.ranks > 1 else shown)])
     return profile
 
 

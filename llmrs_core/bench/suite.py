@@ -422,7 +422,8 @@ class DistBench(Benchmark):
                          "prefill_per_rank": [x["prefill"] for x in profile["ranks"]]}
         cores = os.cpu_count() or 1
         notes += [f"every process runs one thread (the split layouts' ranks share this machine's {cores} cores); "
-                  "time in communication includes waiting for the slowest rank",
+                  "time in communication includes waiting for the slowest rank; with one sequence a pipeline "
+                  "stage waits in recv while the other computes (the bubble), so PP's share is mostly that",
                   "the layouts run one after another, one launch each: their ratio pairs repetitions by index, "
                   "less robust to drift than the interleaved speed figures"]
         return Outcome(figures, notes, {

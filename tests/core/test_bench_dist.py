@@ -184,7 +184,8 @@ def test_the_dist_benchmark_under_mpiexec(text_model):
     assert [r["all_reduces"] for r in pp] == [0, 0] and all(r["sent_bytes"] > 0 for r in pp)
     assert not any("differ" in n for n in outcome.notes), outcome.notes
     assert len(outcome.raw["table"]["rows"]) == 1 + 2 + 2
-    assert outcome.raw["layouts"]["tp 2"]["command"].startswith("mpiexec -n 2 ")
+    command = outcome.raw["layouts"]["tp 2"]["command"]
+    assert "NUMBA_NUM_THREADS=1 " in command and " mpiexec -n 2 python -m llmrs_core.distributed.profile " in command
 
 
 def test_the_quant_benchmark_gives_a_table_and_the_report_prints_it(text_model, tmp_path):
