@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -33,6 +35,7 @@ from llmrs_core.bench.suite import (
     Plan,
     SpeedBench,
     ThroughputBench,
+    cpu_busy_share,
     ratio_samples,
     run_all,
 )
@@ -225,3 +228,15 @@ def test_an_unknown_benchmark_or_a_missing_model_is_named(tmp_path):
         run_all(tmp_path / "x.gguf", TINY_PLAN, progress=False, say=lambda _: None)
     with pytest.raises(ValueError, match="at least 5 repetitions"):
         Plan.quick(repetitions=3)
+
+
+def test_the_busy_check_sees_another_process_computing():
+    spin = subprocess.Popen([sys.executable, "-c", "import time\nend = time.time() + 20\nwhile time.time() < end: pass"])
+    try:
+        time.sleep(0.3)  # it is running
+        share = cpu_busy_share(1.0)
+    finally:
+        spin.kill()
+        spin.wait(10)
+    cores = os.cpu_count() or 1
+    assert share is not None and 0.7 / cores < share <= 1.0, (share, cores)  # one core of `cores`, at least
