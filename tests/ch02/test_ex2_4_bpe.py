@@ -168,21 +168,41 @@ def test_ex2_4_bpe_merge_word_with_smollm2_merges(ex, smollm2, reference, word):
 # -- encode / decode ------------------------------------------------------------------
 
 
-def encode(ex, text, vocab, ranks, cache=None) -> list[int]:
+def also_failing(ex, text: str, hf, vocab, ranks) -> str:
+    """Which of the steps encode_ordinary builds on are wrong on ``text`` too, each judged by the
+    reference tokenizer ``hf``: so that a failure of encode_ordinary points at its cause."""
+    words = [piece for piece, _ in hf.pre_tokenizer.pre_tokenize_str(text)]
+    wrong = []
+    try:
+        if [encode_bytes(w.encode("utf-8")) for w in ex.pretokenize(text)] != words:
+            wrong.append("pretokenize")
+    except Exception:
+        wrong.append("pretokenize")
+    try:
+        known = ["".join(c for c in w if c in vocab) for w in words]
+        if any(ex.bpe_merge_word(w, ranks) != [t.value for t in hf.model.tokenize(w)] for w in known if w):
+            wrong.append("bpe_merge_word")
+    except Exception:
+        wrong.append("bpe_merge_word")
+    return "".join(f" (your {name} fails on this text too: see its own test)" for name in wrong)
+
+
+def encode(ex, text, vocab, ranks, cache=None, hf=None) -> list[int]:
     """encode_ordinary, with a KeyError from a vocabulary lookup explained."""
     try:
         return ex.encode_ordinary(text, vocab, ranks, cache)
     except KeyError as e:
+        note = also_failing(ex, text, hf, vocab, ranks) if hf is not None else ""
         key = e.args[0] if e.args else None
         if isinstance(key, str) and any(c in key for c in " \t\r\n"):
             raise AssertionError(
                 f"encode_ordinary({text!r}) looked up {key!r}, raw text, in the vocabulary: map each word's UTF-8 "
-                "bytes through bytes_to_unicode first (the vocabulary spells ' the' as 'Ġthe')"
+                "bytes through bytes_to_unicode first (the vocabulary spells ' the' as 'Ġthe')" + note
             ) from None
         raise AssertionError(
             f"encode_ordinary({text!r}) raised KeyError {key!r}: some byte of this text has no character in the "
             "vocabulary (SmolLM2 lacks a few, e.g. 0x04); drop such characters from the word before merging, "
-            "as the reference does"
+            "as the reference does" + note
         ) from None
 
 
@@ -200,14 +220,17 @@ UNKNOWN_BYTES = ["x\x04y", "!\x04!"]
 
 @pytest.mark.parametrize("text", TEXTS + UNKNOWN_BYTES, ids=[repr(t)[:25] for t in TEXTS + UNKNOWN_BYTES])
 def test_ex2_4_encode_ordinary_matches_reference(ex, smollm2, reference, text):
-    ours = encode(ex, text, smollm2.vocab, smollm2.ranks)
+    ours = encode(ex, text, smollm2.vocab, smollm2.ranks, hf=reference)
     theirs = reference.encode(text).ids
     if ours != theirs and ours == dropped_after_merging(text, smollm2):
         raise AssertionError(
             f"encode_ordinary({text!r}) = {ours}: you dropped the characters missing from the vocabulary after "
             f"merging; drop them from the word before merging, as the reference does ({theirs})"
         )
-    assert ours == theirs, f"encode_ordinary({text!r}): " + first_difference(ours, theirs, smollm2.piece)
+    assert ours == theirs, (
+        f"encode_ordinary({text!r}): " + first_difference(ours, theirs, smollm2.piece)
+        + also_failing(ex, text, reference, smollm2.vocab, smollm2.ranks)
+    )
     cache: dict = {}
     assert encode(ex, text, smollm2.vocab, smollm2.ranks, cache) == theirs
     assert encode(ex, text, smollm2.vocab, smollm2.ranks, cache) == theirs, "wrong result from the cache"
@@ -325,8 +348,11 @@ def test_ex2_4_your_merges_encode_like_the_reference(ex):
     )
     tokens = sorted(vocab, key=vocab.get)
     for text in [TRAINING_TEXT, "The tokenizer learned these merges in 2024.", "unseen wörds 🦀"]:
-        ours = ex.encode_ordinary(text, vocab, ranks)
-        assert ours == hf.encode(text).ids, first_difference(ours, hf.encode(text).ids, tokens.__getitem__)
+        ours = encode(ex, text, vocab, ranks, hf=hf)
+        assert ours == hf.encode(text).ids, (
+            "encode_ordinary with the merges you trained differs from the reference BPE with the same merges: "
+            + first_difference(ours, hf.encode(text).ids, tokens.__getitem__) + also_failing(ex, text, hf, vocab, ranks)
+        )
         assert ex.decode_ordinary(ours, tokens) == text
     n_tokens = len(ex.encode_ordinary(TRAINING_TEXT, vocab, ranks))
     assert n_tokens < len(TRAINING_TEXT.encode()) / 2, (

@@ -107,6 +107,16 @@ def test_each_encode_mistake_gets_its_own_message(mistake, tok, ref):
 
 
 @pytest.mark.model
+def test_a_wrong_merge_is_pointed_out_beside_the_encoding(tok, ref):
+    """encode_ordinary built on the learner's broken bpe_merge_word says so, beside its own diagnosis."""
+    once = plant(bpe.bpe_merge_word, MERGE_MISTAKES["only one merge"][0])
+    ex = ex_with(bpe_merge_word=once, encode_ordinary=plant(bpe.encode_ordinary, bpe_merge_word=once))
+    out = failure(T24.test_ex2_4_encode_ordinary_matches_reference, ex, tok, ref, "Hello world")
+    assert "(your bpe_merge_word fails on this text too: see its own test)" in out, out
+    assert "pretokenize fails" not in out, out
+
+
+@pytest.mark.model
 def test_decoding_token_by_token_is_named(tok):
     per_token = plant(bpe.decode_ordinary, ('return decode_chars(chars).decode("utf-8", errors="replace")',
                                             'return "".join(decode_chars(tokens[i]).decode("utf-8", errors="replace") for i in ids)'))
