@@ -11,7 +11,7 @@ embedding twice, or an untied output head not at all, sizes GQA's W_k and W_v
 like W_q, forgets the norms or the final one; ``from_gguf`` takes head_dim from
 the KV heads; ``from_hf_config`` ignores ``num_key_value_heads``;
 ``kv_bytes_per_token`` counts the query heads, or K only; ``flops_per_token``
-leaves out the (tied) output head.
+leaves out the (tied) output head; ``weight_bytes`` stores the norms in ``fmt`` too.
 """
 
 from __future__ import annotations
@@ -105,6 +105,14 @@ def test_flops_without_the_tied_output_head_is_named(smollm2_gguf):
     ex = planted(flops_per_token=[(FLOP_PARAMS, 'matmul_params = counts["attention"] + counts["mlp"]')])
     text = failure(T16.test_ex1_6_flops_per_token, ex, smollm2_gguf, HF_CONFIG)
     assert "the output head is left out" in text, text
+
+
+@pytest.mark.model
+def test_norms_in_the_matrix_format_are_named(smollm2_gguf):
+    ex = planted(weight_bytes=[("return matrices * traits.type_size // traits.block_size + norm_bytes",
+                                "return self.n_params * traits.type_size // traits.block_size")])
+    text = failure(T16.test_ex1_6_weight_bytes, ex, smollm2_gguf, HF_CONFIG)
+    assert "the norms are in f16 too" in text, text
 
 
 def test_the_solution_passes_the_diagnosing_tests(tmp_path):
