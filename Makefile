@@ -152,7 +152,7 @@ PORTABLE_CPUS := haswell generic
 # server, the benchmarks and the A/B tests (HTTP, framing, scheduling, statistics: they compare a
 # backend with itself) and the GPU memory pool; the command line's errors, the deploy files, the
 # fetch, bad GGUF input, the notebooks' structure, the cache and scheduler checks; the diagnoses of
-# chapters 9-12 (the CUDA simulator, servers, NumPy); and the mpiexec launches, whose arithmetic
+# chapters 1, 2 and 9-12 (integers, the tokenizer, the CUDA simulator, servers, NumPy); and the mpiexec launches, whose arithmetic
 # test_distributed.py checks in one process (ranks compiling into an empty cache at once would take minutes)
 PORTABLE_SKIP := --ignore-glob='tests/core/test_tokenizer*' --ignore-glob='tests/core/test_workbook_*' \
                  --ignore-glob='tests/core/test_server*' --ignore-glob='tests/core/test_bench_*' \
@@ -162,7 +162,8 @@ PORTABLE_SKIP := --ignore-glob='tests/core/test_tokenizer*' --ignore-glob='tests
                  --ignore=tests/core/test_fetch.py --ignore=tests/core/test_gguf_bad_input.py \
                  --ignore=tests/core/test_notebook_sections.py --ignore=tests/core/test_cache_checks.py \
                  --ignore=tests/core/test_scheduler_checks.py --ignore-glob='tests/core/test_diagnose_ch09*' \
-                 --ignore-glob='tests/core/test_diagnose_ch1*' --ignore=tests/core/test_distributed_mpi.py
+                 --ignore-glob='tests/core/test_diagnose_ch1*' --ignore-glob='tests/core/test_diagnose_ch0[12]*' \
+                 --ignore=tests/core/test_distributed_mpi.py
 test-portable: fetch
 	@total=$$(date +%s); \
 	avx2=$$($(PY) -c 'import llvmlite.binding as l; f = l.get_host_cpu_features(); print(int(f.get("avx2", False) and f.get("fma", False)))' 2>/dev/null); \
