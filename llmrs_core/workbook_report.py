@@ -163,10 +163,10 @@ def final_line(
 ) -> str:
     """The run's last line: success and the next step, or what is left and where to start."""
     run = [r for r in results.values() if r.tests]
+    if not run:  # e.g. pytest --collect-only
+        return f"Chapter {chapter}: no exercise tests ran."
     names = [r.exercise for r in run]
     what = f"Exercise {names[0]}" if len(names) == 1 else f"Chapter {chapter} (Exercises {_and(names)})"
-    if not run:
-        return f"Chapter {chapter}: no exercise tests ran."
     if all(r.status in (PASSING, SKIPPED) for r in run):
         if impl != "learner":
             return f"The reference solutions pass {what}."

@@ -375,3 +375,10 @@ def test_run_tests_under_make_test_says_where_the_tests_run(monkeypatch, capsys)
     assert workbook.run_tests("3.6", impl="solutions") is True
     out = capsys.readouterr().out
     assert out.startswith(workbook.REFERENCE_RUN) and "test-solutions step runs these tests" in out
+
+
+def test_a_run_without_exercise_tests_says_so_instead_of_crashing(tmp_path):
+    # pytest --collect-only runs nothing: the last line must not index an empty list
+    from llmrs_core.workbook_report import final_line
+
+    assert final_line(3, {}, "learner", tmp_path) == "Chapter 3: no exercise tests ran."
