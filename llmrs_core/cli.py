@@ -357,6 +357,10 @@ def _bench_serve(args: argparse.Namespace) -> int:
 def cmd_bench(args: argparse.Namespace) -> int:
     if args.threads is not None and args.threads < 1:
         raise ValueError(f"--threads must be at least 1, got {args.threads}")
+    if args.impl is not None:
+        if args.backend:
+            raise ValueError("give --impl or --backend, not both (--impl learner is --backend learner)")
+        args.backend = _backend_of(args)
     if args.what == "serve":
         return _bench_serve(args)
     if args.what in ("all", "compare"):
@@ -389,7 +393,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     result |= {"backend": model.backend_report().splitlines()[0], "threads": args.threads, "machine": machine(),
                "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-    print(json.dumps(result, indent=2) if args.json else format_throughput(result))
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        if backends[0] == "learner":  # the YOURS table: which of the learner's parts the engine ran
+            print(model.backend_report())
+        print(format_throughput(result))
     return 0
 
 
@@ -568,6 +577,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--backend", metavar="NAMES",
                    help=f"compute backend(s), comma-separated for speed (default {DEFAULT_BACKEND}; "
                         f"available: {', '.join(BACKENDS)})")
+    p.add_argument("--impl", choices=("learner", "solutions"),
+                   help="speed, throughput, serve: learner = --backend learner (your exercises, e.g. chapter 7's "
+                        "scheduler in the batching engine); solutions = --backend numpy")
     p.add_argument("--pp", type=int, default=512, help="speed: prompt tokens (default 512)")
     p.add_argument("--tg", type=int, default=128, help="speed: generated tokens (default 128)")
     p.add_argument("--repetitions", type=int, default=5, help="speed: runs after the warm-up (default 5)")

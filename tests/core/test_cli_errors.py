@@ -138,3 +138,17 @@ def test_chat_refuses_a_message_over_the_context_and_keeps_the_conversation(mode
     assert "not sent" in err and "exceeds the model's context length 8192" in err and "kept" in err
     assert sent[-1] == [{"role": "user", "content": "Hi"}], "the refused message must leave the conversation"
     assert out.strip(), "the short message gets an answer"
+
+
+def test_bench_takes_impl_or_backend_not_both(capsys):
+    line = run_cli(["bench", "throughput", "--impl", "learner", "--backend", "numpy"], capsys, "bench")
+    assert "--impl or --backend, not both" in line
+
+
+def test_bench_throughput_impl_learner_shows_who_computes_what(tmp_path, capsys):
+    path = tmp_path / "tiny.gguf"
+    write_tiny_llama(path, byte_tokenizer=True, seed=5, context_length=1024)  # the prefix workload is ~600 tokens
+    assert main(["bench", "throughput", "--impl", "learner", "--model", str(path), "--requests", "2",
+                 "--max-num-seqs", "2"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("backend 'learner'") and "scheduler (Exercise 7.6)" in out and "requests/s" in out
