@@ -410,7 +410,8 @@ def _bench_all(args: argparse.Namespace) -> int:
             raise ValueError(f"bench compare takes two results.json files, OLD and NEW (got {len(args.files)})")
         rows, only = compare_results(read_result(args.files[0]), read_result(args.files[1]))
         if not rows:
-            raise ValueError(f"{args.files[0]} and {args.files[1]} have no figure in common")
+            why = f" ({only[0]}{', ...' if len(only) > 1 else ''})" if only else ""
+            raise ValueError(f"{args.files[0]} and {args.files[1]} have no figure measured alike{why}")
         print(format_comparison(rows, only))
         return 0
     if args.files:

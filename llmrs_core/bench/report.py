@@ -171,14 +171,38 @@ def read_result(path: str | Path) -> dict:
     return result
 
 
+#: the plan's fields that a benchmark's workload depends on beyond what its figures' keys say (speed's
+#: pp and tg are in its keys): two runs whose fields differ measured different things
+WORKLOAD_FIELDS = {"tokenizer": ("tokenizer_copies",),
+                   "throughput": ("throughput_requests", "throughput_max_prompt", "throughput_max_output",
+                                  "max_num_seqs"),
+                   "serve": ("serve_prompts", "serve_input_len", "serve_output_len"),
+                   "dist": ("dist_tokens",)}
+
+
+def _workload_differs(old: dict, new: dict, key: str) -> str | None:
+    """Why figure ``key`` of the two runs measured different workloads (a sentence), or None."""
+    a, b = old.get("plan", {}), new.get("plan", {})
+    fields = ("threads", *WORKLOAD_FIELDS.get(key.split(".", 1)[0], ()))
+    changed = [f"{f} {a.get(f)} -> {b.get(f)}" for f in fields if a.get(f) != b.get(f)]
+    return ", ".join(changed) or None
+
+
 def compare_results(old: dict, new: dict) -> tuple[list[tuple[Figure, Figure, Change]], list[str]]:
-    """The figures both results have, with their change; and the keys only one has."""
+    """The figures both results have and measured alike, with their change; and a line for each
+    figure that only one has, or whose workload differs between the two plans (not compared)."""
     from .suite import figures_of
 
     a, b = figures_of(old), figures_of(new)
-    both = [(a[k], b[k], compare_samples(a[k], b[k])) for k in a if k in b]
-    only = [f"only in the old run: {k}" for k in a if k not in b] + [f"only in the new run: {k}" for k in b
-                                                                     if k not in a]
+    both, only = [], []
+    for k in a:
+        if k not in b:
+            only.append(f"only in the old run: {k}")
+        elif (why := _workload_differs(old, new, k)) is not None:
+            only.append(f"not compared, the workload differs ({why}): {k}")
+        else:
+            both.append((a[k], b[k], compare_samples(a[k], b[k])))
+    only += [f"only in the new run: {k}" for k in b if k not in a]
     return both, only
 
 

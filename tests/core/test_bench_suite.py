@@ -240,3 +240,16 @@ def test_the_busy_check_sees_another_process_computing():
         spin.wait(10)
     cores = os.cpu_count() or 1
     assert share is not None and 0.7 / cores < share <= 1.0, (share, cores)  # one core of `cores`, at least
+
+
+def test_figures_of_different_workloads_are_not_compared():
+    old = {**_result({"throughput.decode.1": [50, 51, 49, 50, 50.5], "speed.tg32.numba": [50, 51, 49, 50, 50]}),
+           "plan": {"threads": 2, "throughput_requests": 8, "max_num_seqs": 8}}
+    new = {**_result({"throughput.decode.1": [60, 61, 59, 60, 60.5], "speed.tg32.numba": [50, 51, 49, 50, 50]}),
+           "plan": {"threads": 2, "throughput_requests": 32, "max_num_seqs": 16}}
+    rows, only = compare_results(old, new)
+    assert [r[0].key for r in rows] == ["speed.tg32.numba"]  # its workload is in its key
+    assert only == ["not compared, the workload differs (throughput_requests 8 -> 32, max_num_seqs 8 -> 16): "
+                    "throughput.decode.1"]
+    other_threads = {**new, "plan": {**old["plan"], "threads": 1}}
+    assert compare_results(old, other_threads)[0] == []
