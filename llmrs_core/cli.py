@@ -177,7 +177,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         from .distributed.ranks import run_on_ranks
 
         return run_on_ranks(args, _generate)
-    return _generate(args, load(args.model, backend=args.backend, threads=args.threads))
+    return _generate(args, load(args.model, backend=args.backend, threads=args.threads, exact=args.exact))
 
 
 def cmd_launch(args: argparse.Namespace) -> int:
@@ -219,7 +219,7 @@ def _generate(args: argparse.Namespace, model) -> int:
 def cmd_chat(args: argparse.Namespace) -> int:
     check_max_tokens(args.max_tokens)
     args.backend = _backend_of(args)
-    model = load(args.model, backend=args.backend, threads=args.threads)
+    model = load(args.model, backend=args.backend, threads=args.threads, exact=args.exact)
     if args.backend == "learner":
         print(model.backend_report(), file=sys.stderr)
     _warm_up(model)
@@ -375,7 +375,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
                 raise ValueError(f"{name} must be at least 1, got {n}")
         result = speed(args.model, backends=_backends(args.backend), pp=args.pp, tg=args.tg,
                        repetitions=args.repetitions, threads=args.threads or 2, compare=not args.no_compare,
-                       int8=args.int8)
+                       exact=args.exact, contention=args.contention)
         print(json.dumps(result, indent=2) if args.json else format_speed(result))
         if args.output:
             _write_json(result, args.output)
@@ -451,7 +451,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from .server.tracing import otlp_provider_from_env
 
     tracer_provider = otlp_provider_from_env()  # ValueError naming the package when the exporter is missing
-    model = load(args.model, backend=args.backend, threads=args.threads)
+    model = load(args.model, backend=args.backend, threads=args.threads, exact=args.exact)
     api_key = args.api_key if args.api_key is not None else os.environ.get("LLMRS_API_KEY")
     app = create_app(model, served_model_name=args.served_model_name, max_num_seqs=args.max_num_seqs,
                      num_blocks=args.num_blocks, max_queue=args.max_queue, api_key=api_key or None,
@@ -480,6 +480,7 @@ def _add_sampling_options(p: argparse.ArgumentParser, max_tokens: int) -> None:
                    help=f"{DEFAULT_BACKEND} (default), numpy (the reference), learner (your exercise code) "
                         "or cuda (an NVIDIA GPU, chapter 9)")
     p.add_argument("--threads", type=int, help="numba backend: threads (default: all cores)")
+    p.add_argument("--exact", action="store_true", help="numba backend: keep every product on the float kernels (within float32 rounding of numpy) instead of the int8 decode path (llama.cpp's arithmetic)")
     p.add_argument("--impl", choices=("learner", "solutions"),
                    help="learner = --backend learner; solutions = --backend numpy")
     p.add_argument("--max-tokens", type=int, default=max_tokens, help=f"tokens to generate (default {max_tokens})")
@@ -587,8 +588,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int,
                    help="threads for every engine: Numba, BLAS, llama.cpp (speed and serve --compare: default 2)")
     p.add_argument("--no-compare", action="store_true", help="speed: skip llama.cpp even if installed")
-    p.add_argument("--int8", action="store_true",
-                   help="speed: also measure the numba backend's int8 decode path (numba+int8; AVX2)")
+    p.add_argument("--exact", action="store_true",
+                   help="speed: also measure the numba backend on its float kernels (numba-exact), next to its "
+                        "default int8 decode path")
+    p.add_argument("--contention", action="store_true",
+                   help="speed: measure every engine quiet and with one core kept busy by a CPU-bound process "
+                        "this benchmark starts, pinned to core 0, and stops")
     p.add_argument("--requests", type=int, default=32, help="number of requests (default 32)")
     p.add_argument("--max-num-seqs", type=int, default=16, help="requests running at once (default 16)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random workload")
@@ -632,6 +637,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=8000, help="port (default 8000)")
     p.add_argument("--backend", choices=BACKENDS, help=f"compute backend (default {DEFAULT_BACKEND})")
     p.add_argument("--threads", type=int, help="numba backend: threads (default: all cores)")
+    p.add_argument("--exact", action="store_true", help="numba backend: keep every product on the float kernels (within float32 rounding of numpy) instead of the int8 decode path (llama.cpp's arithmetic)")
     p.add_argument("--max-num-seqs", type=int, default=16, help="requests running at once (default 16)")
     p.add_argument("--num-blocks", type=int, default=512, help="KV-cache blocks of 16 tokens (default 512)")
     p.add_argument("--max-queue", type=int, metavar="N",

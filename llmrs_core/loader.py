@@ -48,13 +48,13 @@ class Model:
     """
 
     def __init__(self, source: WeightSource, backend: str | None = None, threads: int | None = None,
-                 split: tuple[WeightSource, StepPlan] | None = None, int8: bool = False):
+                 split: tuple[WeightSource, StepPlan] | None = None, exact: bool = False):
         self.gguf = source
         self.path = source.path
         self.config = source.config
         check_tensors(source, self.config)  # at load, not at the first forward pass
         self.backend = DEFAULT_BACKEND if backend is None else backend
-        self._backend = get_backend(self.backend, threads, int8)
+        self._backend = get_backend(self.backend, threads, exact)
         #: a distributed rank's shard of ``source`` and the step plan that communicates (chapter 11)
         self.split = split
 
@@ -252,15 +252,17 @@ class Model:
 
 def load(path: str | os.PathLike[str] | None = None, backend: str | None = None,
          threads: int | None = None, tp: int = 1, pp: int = 1, comm: Communicator | None = None,
-         vocab_parallel: bool = True, int8: bool = False) -> Model:
+         vocab_parallel: bool = True, exact: bool = False) -> Model:
     """Load a model: SmolLM2-135M-Instruct by default (fetched if missing), a GGUF file,
     or a Hugging Face directory (``config.json`` + ``model.safetensors``, chapter 10).
 
     ``backend``: ``"numba"`` (default: quantised weights, fused kernels),
     ``"numpy"`` (the float32 reference the early chapters read) or
-    ``"learner"``; ``threads``: the Numba backend's threads (default: all); ``int8=True``:
-    the Numba backend decodes with llama.cpp's 8-bit activations where the CPU has AVX2
-    (faster; agrees with llama.cpp, not with ``"numpy"`` to float32 rounding; chapter 8, "int8").
+    ``"learner"``; ``threads``: the Numba backend's threads (default: all). Where the CPU
+    has AVX2 the Numba backend decodes with llama.cpp's 8-bit activations and integer dot
+    products (faster; agrees with llama.cpp, not with ``"numpy"`` to float32 rounding;
+    chapter 8, "int8"); ``exact=True`` keeps every product on its float kernels, within
+    float32 rounding of ``"numpy"``.
 
     ``tp`` / ``pp`` (chapter 11): this process is one rank of a tensor-parallel (``tp``)
     or pipeline-parallel (``pp``) run started by ``mpiexec -n tp*pp`` (or of ``comm``, an
@@ -280,7 +282,7 @@ def load(path: str | os.PathLike[str] | None = None, backend: str | None = None,
         def load_shard() -> Model:
             source = _open(path, backend)
             model = Model(source, backend=backend, threads=threads,
-                          split=shard(source, comm, tp, pp, vocab_parallel), int8=int8)
+                          split=shard(source, comm, tp, pp, vocab_parallel), exact=exact)
             if model._backend.xp is not np:  # the collectives move NumPy arrays (MPI); NCCL is not built
                 raise ValueError(f"tp/pp run on the CPU backends (numba, numpy); {model.backend!r} keeps "
                                  "its arrays on a GPU, which this engine's communicators cannot move")
@@ -289,7 +291,7 @@ def load(path: str | os.PathLike[str] | None = None, backend: str | None = None,
 
         return agree(comm, load_shard)
     source = _open(path, backend)
-    return Model(source, backend=backend, threads=threads, int8=int8)
+    return Model(source, backend=backend, threads=threads, exact=exact)
 
 
 def _open(path: str | os.PathLike[str] | None, backend: str | None) -> WeightSource:

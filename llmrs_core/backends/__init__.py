@@ -15,14 +15,16 @@ BACKENDS = ("numba", "numpy", "learner", "cuda")
 DEFAULT_BACKEND = "numba"
 
 
-def get_backend(name: str | None = None, threads: int | None = None, int8: bool = False) -> Backend:
+def get_backend(name: str | None = None, threads: int | None = None, exact: bool = False) -> Backend:
     """A backend by name (None: :data:`DEFAULT_BACKEND`); ``ValueError`` listing the names for an unknown one.
 
     ``threads`` sets the Numba backend's thread count (default: every core
     Numba may use). The NumPy backends multiply with BLAS, whose threads are
-    set by ``OPENBLAS_NUM_THREADS`` or ``threadpoolctl``. ``int8=True`` lets the
-    Numba backend decode with 8-bit activations and integer dot products, llama.cpp's
-    arithmetic (``kernels.cpu.int8``), where the CPU has AVX2; other backends refuse it.
+    set by ``OPENBLAS_NUM_THREADS`` or ``threadpoolctl``. The Numba backend decodes
+    with 8-bit activations and integer dot products, llama.cpp's arithmetic
+    (``kernels.cpu.int8``), where the CPU has AVX2; ``exact=True`` keeps it on the float
+    kernels, which agree with the NumPy backend to float32 rounding. The other backends
+    compute in float32 already, and ignore it.
     """
     name = DEFAULT_BACKEND if name is None else name
     if threads is not None and name == "cuda":
@@ -32,8 +34,6 @@ def get_backend(name: str | None = None, threads: int | None = None, int8: bool 
             f"threads= sets the numba backend's threads; the {name} backend multiplies with BLAS, "
             "whose threads are set by OPENBLAS_NUM_THREADS (or threadpoolctl)"
         )
-    if int8 and name != "numba":
-        raise ValueError(f"int8=True selects the numba backend's int8 decode kernels; the {name} backend has none")
     if name == "numpy":
         return NumpyBackend()
     if name == "numba":
@@ -43,7 +43,7 @@ def get_backend(name: str | None = None, threads: int | None = None, int8: bool 
             raise ValueError(
                 f"the numba backend needs Numba ({e}); `pip install numba`, or use backend='numpy'"
             ) from None
-        return NumbaBackend(threads, int8=int8)
+        return NumbaBackend(threads, exact=exact)
     if name == "learner":
         from .learner import LearnerBackend
 

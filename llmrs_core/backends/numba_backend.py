@@ -7,13 +7,14 @@ the 4- and 8-bit codes (``kernels.cpu.matmul``); prompt processing
 dequantises a band of rows at a time and lets BLAS multiply. The small
 operations are single-pass Numba kernels (``kernels.cpu.ops``).
 
-Int8 decode (``int8=True``): where Numba's target has AVX2
-(``kernels.cpu.int8.int8_unavailable``), steps of up to ``kernels.cpu.matmul.INT8_ROWS``
-tokens quantise the activations to 8 bits and take integer dot products, as llama.cpp
-does (``kernels.cpu.int8``); each Q4/Q8_0 matrix then also keeps a row-major copy for
-those kernels (SmolLM2: 112 MB more, 80 of them for the Q4_1 matrices). The default keeps
-every product on the float kernels, which agree with the NumPy backend to float32 rounding;
-the int8 path agrees with llama.cpp instead (greedy tokens by the top-5 rule of its golden test).
+Int8 decode: where Numba's target has AVX2 (``kernels.cpu.int8.int8_unavailable``),
+steps of up to ``kernels.cpu.matmul.INT8_ROWS`` tokens quantise the activations to 8 bits
+and take integer dot products, as llama.cpp does (``kernels.cpu.int8``: AVX-512 VNNI's
+``vpdpbusd`` where the target declares it, AVX2's ``vpmaddubsw``/``vpmaddwd`` otherwise);
+each Q4/Q8_0 matrix then also keeps a copy grouped for those kernels (SmolLM2: 112 MB
+more, 80 of them for the Q4_1 matrices). The int8 path agrees with llama.cpp (greedy
+tokens by the top-5 rule of its golden test), not with the NumPy backend to float32
+rounding; ``exact=True`` (``--exact``) keeps every product on the float kernels, which do.
 
 Threads: ``threads`` (default: every core Numba may use) sets Numba's pool;
 BLAS is given the same number only around the prompt-processing products
@@ -34,7 +35,7 @@ from numba import njit, prange
 from .. import layers
 from ..kernels.cpu import matmul as kmatmul
 from ..kernels.cpu import ops
-from ..kernels.cpu.int8 import int8_rows, int8_unavailable
+from ..kernels.cpu.int8 import int8_instructions, int8_rows, int8_unavailable
 from ..kernels.cpu.packing import PackedMatrix, fuse, pack_float, pack_raw
 from ..kernels.cpu.threads import BlasThreads, describe, set_threads
 from ..rope import rope_frequencies
@@ -67,13 +68,16 @@ def _embed_q4(qs, d, m, ids, out):
 
 class NumbaBackend(Backend):
     name = "numba"
-    #: one decode token (matvec kernels), a small batch (tile kernels), a long prompt (BLAS)
-    warm_up_sizes = (1, kmatmul.SMALL_BATCH, kmatmul.SMALL_BATCH + 1)
 
-    def __init__(self, threads: int | None = None, int8: bool = False):
+    def __init__(self, threads: int | None = None, exact: bool = False):
         self.threads = set_threads(threads)
         #: why decode runs on the float kernels, or None when it runs on the int8 ones
-        self.int8_reason = int8_unavailable() if int8 else "int8=False"
+        self.int8_reason = "exact=True" if exact else int8_unavailable()
+        #: steps of up to this many tokens stay in Numba's kernels (products and attention);
+        #: longer ones multiply through BLAS
+        self.numba_rows = kmatmul.SMALL_BATCH if self.int8_reason else kmatmul.INT8_ROWS
+        #: one decode token, the longest step on Numba's kernels, the shortest through BLAS
+        self.warm_up_sizes = (1, self.numba_rows, self.numba_rows + 1)
         self.blas = BlasThreads()
         self.blas.set(1)
         self._freqs: dict[tuple[int, float], np.ndarray] = {}
@@ -83,7 +87,7 @@ class NumbaBackend(Backend):
     def begin_step(self, n_tokens: int) -> None:
         # The step's size decides the mode of the whole step: its products (see matmul)
         # and its attention, which must not start Numba threads between BLAS calls.
-        self._blas_step = n_tokens > kmatmul.SMALL_BATCH
+        self._blas_step = n_tokens > self.numba_rows
 
     def _pack(self, source: WeightSource, name: str) -> PackedMatrix:
         shape = source.tensors[name].shape
@@ -144,7 +148,7 @@ class NumbaBackend(Backend):
         # this backend: put ours back if another backend or thread changed it.
         if numba.get_num_threads() != self.threads:
             numba.set_num_threads(self.threads)
-        if x.shape[0] <= kmatmul.SMALL_BATCH and w.kind != "f32":
+        if x.shape[0] <= self.numba_rows and w.kind != "f32":
             return kmatmul.matmul(x, w)
         size = kmatmul.BAND_ROWS * w.cols
         if self._scratch.size < size:
@@ -174,7 +178,7 @@ class NumbaBackend(Backend):
         # batched with another request's prefill chunk) attends through BLAS too: a
         # Numba parallel region between BLAS calls must wait for OpenBLAS's spinning
         # threads to give up their cores (kernels.cpu.threads).
-        if q.shape[0] <= kmatmul.SMALL_BATCH and not self._blas_step:
+        if q.shape[0] <= self.numba_rows and not self._blas_step:
             # The contiguous cache hands over transposed views ([Hkv, T, D] storage seen as
             # [T, Hkv, D]); Numba compiles a strided array without SIMD, and a copy plus the
             # vectorised kernel is faster than the kernel on the view (21 vs 34 µs at 150 tokens).
@@ -186,7 +190,7 @@ class NumbaBackend(Backend):
             self.blas.set(1)
 
     def describe(self) -> str:
-        decode = "int8 (AVX2)" if self.int8_reason is None else f"float kernels ({self.int8_reason})"
+        decode = f"int8 ({int8_instructions()})" if self.int8_reason is None else f"float kernels ({self.int8_reason})"
         return f"numba ({describe(self.threads)}; decode: {decode})"
 
 

@@ -14,8 +14,9 @@ the same GGUF file, with the same thread count, in the same process, and
 the ratio is reported: a ratio measured in one run is comparable across
 machines, absolute numbers are not. The engines take turns, one repetition
 each (pp, then tg) per round, so that a load that comes and goes on a shared
-machine falls on all of them alike. ``int8=True`` adds the numba backend's
-int8 decode path (``numba+int8``) as an engine of its own.
+machine falls on all of them alike. ``exact=True`` adds the numba backend's
+float kernels (``numba-exact``) as an engine of its own, next to its default
+(the int8 decode path, where the CPU has AVX2).
 """
 
 from __future__ import annotations
@@ -124,44 +125,46 @@ def machine() -> dict:
 
 
 def speed(path=None, backends: tuple[str, ...] = ("numba",), pp: int = 512, tg: int = 128,
-          repetitions: int = 5, threads: int = 2, compare: bool = True, int8: bool = False) -> dict:
+          repetitions: int = 5, threads: int = 2, compare: bool = True, exact: bool = False,
+          contention: bool = False) -> dict:
     """pp/tg of each of our ``backends`` and, if available, of llama.cpp, on one model, in one run.
 
     Every engine uses ``threads`` threads: Numba's pool for the numba backend,
     BLAS's for the rest, llama.cpp's own. The engines take turns (see the module's
-    note); ``int8`` adds ``"numba+int8"``, the numba backend with ``int8=True``
-    (when ``"numba"`` is among ``backends``). Returns ``{"model", "threads",
+    note); ``exact`` adds ``"numba-exact"``, the numba backend with ``exact=True`` (its
+    float kernels; ``"numba"`` is its default, the int8 decode path where the CPU has
+    AVX2), when ``"numba"`` is among ``backends``. Returns ``{"model", "threads",
     "pp_tokens", "tg_tokens", "repetitions", "machine", "backends": {name:
     {"pp": {...}, "tg": {...}, "describe": str}}, "llama_cpp": {...} or None,
     "ratio": {name: {"pp", "tg"}}}`` where each measurement is
     ``{"tokens_per_s" (median), "min", "max", "runs"}`` and ``ratio`` is ours
     over llama.cpp's (present when llama.cpp ran).
+
+    ``contention``: then every engine is measured again with one core kept busy
+    (:func:`.contention.busy_core`), into ``"contended": {"core", "backends",
+    "llama_cpp", "loss": {name: {"pp", "tg"}}}``, ``loss`` the quiet figure over the
+    contended one (llama.cpp's under ``"llama.cpp"``).
     """
     from ..loader import load
 
     result: dict = {"model": None, "threads": threads, "pp_tokens": pp, "tg_tokens": tg,
                     "repetitions": repetitions, "machine": machine(), "backends": {}}
     variants = [(name, False) for name in backends]
-    if int8 and "numba" in backends:
+    if exact and "numba" in backends:
         variants.insert(backends.index("numba") + 1, ("numba", True))
     engines, described, model_path = {}, {}, None
-    for name, with_int8 in variants:
-        model = load(path, backend=name, threads=threads if name == "numba" else None, int8=with_int8)
+    for name, with_exact in variants:
+        model = load(path, backend=name, threads=threads if name == "numba" else None, exact=with_exact)
         result["model"], model_path = model.name, model.path
-        label = name + ("+int8" if with_int8 else "")
+        label = name + ("-exact" if with_exact else "")
         engines[label] = (*_our_runs(model, pp, tg), threads)
         described[label] = model.backend_report().splitlines()[0]
-    reference = None
     if compare and model_path:
         runs = _llama_cpp_runs(model_path, pp, tg, threads)
         if runs is not None:
             engines["llama.cpp"] = (*runs, None)
-    for name, t in _interleaved(engines, repetitions).items():
-        measured = {"pp": _summary(pp, t["pp"]), "tg": _summary(tg, t["tg"])}
-        if name == "llama.cpp":
-            reference = measured
-        else:
-            result["backends"][name] = {**measured, "describe": described[name]}
+    ours_quiet, reference = _measured(engines, repetitions, pp, tg)
+    result["backends"] = {name: {**m, "describe": described[name]} for name, m in ours_quiet.items()}
     result["llama_cpp"] = reference
     result["llama_cpp_note"] = ("measured" if reference else "skipped (--no-compare)" if not compare
                                 else "not installed (pip install llama-cpp-python to compare)")
@@ -170,7 +173,28 @@ def speed(path=None, backends: tuple[str, ...] = ("numba",), pp: int = 512, tg: 
             name: {k: m[k]["tokens_per_s"] / reference[k]["tokens_per_s"] for k in ("pp", "tg")}
             for name, m in result["backends"].items()
         }
+    if contention:
+        from .contention import busy_core, losses
+
+        with busy_core() as core:
+            ours_busy, reference_busy = _measured(engines, repetitions, pp, tg)
+        quiet = {**ours_quiet, **({"llama.cpp": reference} if reference else {})}
+        busy = {**ours_busy, **({"llama.cpp": reference_busy} if reference_busy else {})}
+        result["contended"] = {"core": core, "backends": ours_busy, "llama_cpp": reference_busy,
+                               "loss": losses(quiet, busy)}
     return result
+
+
+def _measured(engines: dict, repetitions: int, pp: int, tg: int) -> tuple[dict, dict | None]:
+    """``(ours, llama.cpp's or None)``: each engine's pp/tg summary from one interleaved run."""
+    ours, reference = {}, None
+    for name, t in _interleaved(engines, repetitions).items():
+        measured = {"pp": _summary(pp, t["pp"]), "tg": _summary(tg, t["tg"])}
+        if name == "llama.cpp":
+            reference = measured
+        else:
+            ours[name] = measured
+    return ours, reference
 
 
 def format_speed(r: dict) -> str:
@@ -186,6 +210,19 @@ def format_speed(r: dict) -> str:
             lines.append(f"  {name:<10} {k}{n:<5} {s['tokens_per_s']:9.1f} tokens/s  ({s['min']:.1f}-{s['max']:.1f})")
     for name, ratio in r.get("ratio", {}).items():
         lines.append(f"  ratio {name} / llama.cpp: pp {ratio['pp']:.2f}x, tg {ratio['tg']:.2f}x")
+    contended = r.get("contended")
+    if contended:
+        lines.append(f"  with core {contended['core']} kept busy by another process:")
+        busy = [*contended["backends"].items(), ("llama.cpp", contended["llama_cpp"])]
+        for name, m in busy:
+            if m is None:
+                continue
+            loss = contended["loss"].get(name, {})
+            lines.append(f"  {name:<11} pp {m['pp']['tokens_per_s']:7.1f}  tg {m['tg']['tokens_per_s']:6.1f} tokens/s"
+                         f"   loss against quiet: pp {loss.get('pp', float('nan')):.2f}x, "
+                         f"tg {loss.get('tg', float('nan')):.2f}x")
     for name, m in r["backends"].items():
         lines.append(f"  {name}: {m['describe']}")
+    flags = r["machine"].get("flags") or {}
+    lines.append(f"  CPU flags: {' '.join(f for f, present in flags.items() if present) or 'not known'}")
     return "\n".join(lines)

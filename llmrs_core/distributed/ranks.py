@@ -81,8 +81,8 @@ def run_on_ranks(args: argparse.Namespace, body: Callable[[argparse.Namespace, A
     quiet = comm.rank != 0
     try:
         with _silenced(quiet):
-            model = load(args.model, backend=args.backend, threads=args.threads, tp=args.tp, pp=args.pp,
-                         comm=comm)
+            model = load(args.model, backend=args.backend, threads=args.threads, exact=args.exact, tp=args.tp,
+                         pp=args.pp, comm=comm)
     except (RankFailed, LaunchError, ValueError, OSError) as e:  # the same on every rank
         if not quiet:
             print(f"{name}: error: {_one_line(e)}", file=sys.stderr)

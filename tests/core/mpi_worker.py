@@ -43,7 +43,7 @@ def run(argv: list[str]) -> int:
         return fail_mid_run(argv[1:])
     split = argv.index("--") if "--" in argv else len(argv)
     model, tp, pp, prompt, n, out = argv[:split]
-    m = llmrs.load(model, backend="numba", threads=1, tp=int(tp), pp=int(pp))
+    m = llmrs.load(model, backend="numba", threads=1, exact=True, tp=int(tp), pp=int(pp))
     prompt_ids = json.loads(prompt)
     tokens = m.generate(prompt_ids, max_tokens=int(n)).token_ids if int(n) else []
     logits = m.logits(prompt_ids + tokens)

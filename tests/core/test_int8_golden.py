@@ -1,4 +1,4 @@
-"""SmolLM2 on the int8 decode path (``int8=True``) against the stored references.
+"""SmolLM2 on the int8 decode path (the numba backend's default) against the stored references.
 
 The int8 path quantises the activations to 8 bits as llama.cpp does, so its logits are
 llama.cpp's kind of close, not float32-close: the rule is the llama.cpp golden test's (vLLM's),
@@ -29,7 +29,7 @@ LLAMACPP = json.loads((GOLDEN / "smollm2_llamacpp_golden.json").read_text())
 
 @pytest.fixture(scope="module")
 def model(model_path):
-    return llmrs.load(model_path, backend="numba", int8=True)
+    return llmrs.load(model_path, backend="numba")
 
 
 def greedy(model, ids: list[int], n: int) -> tuple[list[int], list[np.ndarray]]:

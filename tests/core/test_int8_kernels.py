@@ -98,15 +98,21 @@ def test_row_major_copy_keeps_every_code():
     rng = np.random.default_rng(0)
     for kind in ("q4", "q8"):
         w, codes, d, m = random_matrix(kind, 70, 96, rng)  # 70 rows: the last group is padded
-        rows = int8.int8_rows(w)
-        assert rows.qs.shape[0] == 70 and rows.d.shape == (70, 3)
-        np.testing.assert_array_equal(rows.d, d)
+        copy = int8.int8_rows(w)
+        groups = -(-70 // int8.GROUP_ROWS)
+        assert copy.qs.shape[0] == groups and copy.d.shape == (groups, 3 * int8.GROUP_ROWS)
+        qs, d_rows, m_rows = copy.row_major()
+        assert d_rows.shape == (70, 3)
+        np.testing.assert_array_equal(d_rows, d)
         if kind == "q4":
-            b = rows.qs.reshape(70, 3, 16)
+            b = qs.reshape(70, 3, 16)
             np.testing.assert_array_equal(np.concatenate([b & 15, b >> 4], -1).reshape(70, 96), codes)
-            np.testing.assert_array_equal(rows.m, m)
+            np.testing.assert_array_equal(m_rows, m)
         else:
-            np.testing.assert_array_equal(rows.qs, codes)
+            np.testing.assert_array_equal(qs, codes)
+        # a group's blocks lie block by block: block 1 of row 0 follows block 0 of rows 0..3
+        per_block = 16 if kind == "q4" else 32
+        np.testing.assert_array_equal(copy.qs[0, int8.GROUP_ROWS * per_block:][:per_block], qs[0, per_block:2 * per_block])
 
 
 def test_sixteen_weight_blocks_have_no_int8_copy():
@@ -136,9 +142,9 @@ def test_integer_part_is_exact(kind, seed, t_count, nb, extremes):
         xq[:] = -127
     ones = np.ones((t_count, nb), np.float32)
     if kind == "q4":
-        got = int8.q4_int8_matmul(copy.qs, copy.d, copy.m, xq, ones, np.zeros_like(ones))
+        got = int8.q4_int8_matmul(copy.qs, copy.d, copy.m, xq, ones, np.zeros_like(ones))[:, :rows]
     else:
-        got = int8.q8_int8_matmul(copy.qs, copy.d, xq, ones)
+        got = int8.q8_int8_matmul(copy.qs, copy.d, xq, ones)[:, :rows]
     want = xq.astype(np.int64) @ codes.astype(np.int64).T  # |values| < 2^24: exact in float32 too
     np.testing.assert_array_equal(got, want.astype(np.float32), "the integer dot products are not exact")
 
@@ -173,7 +179,7 @@ _DISPATCH = """
 import numpy as np
 from llmrs_core.backends.numba_backend import NumbaBackend
 from llmrs_core.kernels.cpu.int8 import int8_unavailable
-b = NumbaBackend(threads=1, int8=True)
+b = NumbaBackend(threads=1)
 print(repr(int8_unavailable()))
 print(b.describe())
 """
@@ -198,7 +204,44 @@ def test_dispatch_follows_numbas_target():
         pytest.skip("this CPU lacks AVX2: code compiled for haswell cannot run here")
     reason, described = _dispatch("haswell")
     assert reason == "None", f"haswell has AVX2, yet: {reason}"
-    assert "decode: int8 (AVX2)" in described, described
+    assert "decode: int8 (avx2)" in described, f"haswell has AVX2 but no VNNI: {described}"
+
+
+_SAME_PRODUCTS = """
+import sys
+import numpy as np
+from llmrs_core.kernels.cpu import int8
+from llmrs_core.kernels.cpu.packing import pack_affine_q4, pack_q8
+rng = np.random.default_rng(7)
+x = rng.standard_normal((5, 96)).astype(np.float32)
+q4 = pack_affine_q4(rng.integers(0, 16, (37, 96), dtype=np.uint8), rng.random((37, 3), np.float32),
+                    rng.random((37, 3), np.float32), "Q4_1")
+q8 = pack_q8(rng.integers(-128, 128, (37, 96)).astype(np.int8), rng.random((37, 3), np.float32), "Q8_0")
+np.save(sys.argv[1], np.stack([int8.matmul_int8(x, int8.int8_rows(w)) for w in (q4, q8)]))
+print(int8.int8_instructions())
+"""
+
+
+@needs_int8
+def test_vnni_and_avx2_products_are_the_same_numbers(tmp_path):
+    """vpdpbusd and vpmaddubsw + vpmaddwd leave the same int32 lanes (no pair saturates), and the
+    float arithmetic after them is the same: the two branches must agree bit for bit."""
+    import llvmlite.binding as llvm
+
+    if not llvm.get_host_cpu_features().get("avx2", False):
+        pytest.skip("this CPU lacks AVX2: code compiled for haswell cannot run here")
+    results = {}
+    for name, env in (("this target", {}), ("haswell", {"NUMBA_CPU_NAME": "haswell", "NUMBA_CPU_FEATURES": ""})):
+        out = tmp_path / f"{len(results)}.npy"
+        run = subprocess.run([sys.executable, "-c", _SAME_PRODUCTS, str(out)], env={**os.environ, **env},
+                             capture_output=True, text=True, timeout=300)
+        assert run.returncode == 0, run.stderr
+        results[name] = (run.stdout.strip(), np.load(out))
+    assert results["haswell"][0] == "avx2", results["haswell"][0]
+    if results["this target"][0] != "avx512-vnni":
+        pytest.skip(f"Numba's target here has no AVX-512 VNNI ({results['this target'][0]}): one branch only")
+    np.testing.assert_array_equal(results["this target"][1], results["haswell"][1],
+                                  "the VNNI kernels' products differ from the AVX2 kernels'")
 
 
 @needs_int8
@@ -212,7 +255,7 @@ def test_the_backend_sends_decode_steps_to_the_int8_kernels(tmp_path):
     path = tmp_path / "tiny.gguf"
     write_tiny_llama(path, weight_type="q4_1", seed=3, hidden_size=64, intermediate_size=128, n_heads=4,
                      n_kv_heads=2)
-    net = llmrs.load(path, backend="numba", int8=True).network
+    net = llmrs.load(path, backend="numba").network
     layer, backend = net.layers[0], net.backend
     rng = np.random.default_rng(0)
     x = rng.standard_normal((kmatmul.INT8_ROWS + 1, 64)).astype(np.float32)
@@ -233,12 +276,28 @@ def test_the_backend_sends_decode_steps_to_the_int8_kernels(tmp_path):
     gate, up = backend.matmul_many(x[:1], [layer.w_gate, layer.w_up])
     np.testing.assert_array_equal(gate, backend.matmul(x[:1], layer.w_gate))
     np.testing.assert_array_equal(up, int8.matmul_int8(x[:1], layer.w_up.int8))
-    exact = llmrs.load(path, backend="numba").network
-    assert exact.layers[0].wq.int8 is None, "without int8=True no int8 copies are made"
+    exact = llmrs.load(path, backend="numba", exact=True)
+    assert exact.network.layers[0].wq.int8 is None, "with exact=True no int8 copies are made"
+    assert "decode: float kernels (exact=True)" in exact.backend_report(), exact.backend_report()
 
 
-def test_int8_is_refused_by_backends_without_it():
+def test_exact_is_the_float_path_on_every_backend():
+    """exact=True asks for float32 products: the numpy backend computes them anyway and accepts it."""
     from llmrs_core.backends import get_backend
 
-    with pytest.raises(ValueError, match="int8=True"):
-        get_backend("numpy", int8=True)
+    assert get_backend("numpy", exact=True).name == "numpy"
+
+
+@needs_int8
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+def test_a_non_finite_activation_makes_its_products_non_finite(bad):
+    """Damaged weights upstream show as NaN or inf in x: quantising must not round them into
+    finite int8 codes, or the model's check of the logits never sees them."""
+    w, *_ = random_matrix("q4", 8, 64, np.random.default_rng(0))
+    x = np.ones((2, 64), np.float32)
+    x[0, 40] = bad  # block 1 of row 0, after finite values in that block
+    xq, xd, xs = int8.quantize_q8_1(x)
+    assert not np.isfinite(xd[0, 1]) and np.isfinite(xd[0, 0]) and np.isfinite(xd[1]).all()
+    out = int8.matmul_int8(x, int8.int8_rows(w))
+    assert not np.isfinite(out[0]).any(), "a NaN or inf activation vanished in the int8 products"
+    assert np.isfinite(out[1]).all()

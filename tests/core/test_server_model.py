@@ -28,7 +28,8 @@ GOLDEN = Path(__file__).resolve().parents[1] / "golden"
 
 @pytest.fixture(scope="module")
 def smol(model_path):
-    return llmrs.load(model_path, threads=2)
+    # exact: the logprobs test holds the server to transformers' logprobs at float32's level
+    return llmrs.load(model_path, threads=2, exact=True)
 
 
 @pytest.fixture(scope="module")

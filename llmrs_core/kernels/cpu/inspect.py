@@ -154,6 +154,21 @@ def target_lacks(*features: str) -> str | None:
     return f"Numba compiles for {where}, which lacks {' and '.join(missing)}" if missing else None
 
 
+def target_declares(*features: str) -> bool:
+    """Whether the feature string Numba compiles with turns on every one of ``features`` (LLVM's
+    names, e.g. ``"avx512vnni"``, ``"avx512vl"``).
+
+    For features no probe can test: an instruction the target lacks does not compile to
+    something slower, LLVM aborts the process on it. The host's string (Numba's default) and an
+    explicit ``NUMBA_CPU_FEATURES`` list them; a bare ``NUMBA_CPU_NAME`` (``haswell``,
+    ``znver4``) gives an empty string, so this says False there even for a CPU that has them,
+    and the caller takes its fallback.
+    """
+    _, flags, _ = numba_target()
+    on = {f[1:] for f in flags.split(",") if f.startswith("+")}
+    return all(f in on for f in features)
+
+
 def packed_fma_unavailable() -> str | None:
     """Why Numba's code cannot show packed FMAs here (the reason, for a skip), or None if it can.
 
@@ -177,4 +192,4 @@ def packed_fma_unavailable() -> str | None:
     return None
 
 
-__all__ = ["assembly", "instruction_mix", "numba_target", "packed_fma_unavailable", "target_lacks", "vector_summary"]
+__all__ = ["assembly", "instruction_mix", "numba_target", "packed_fma_unavailable", "target_declares", "target_lacks", "vector_summary"]
