@@ -256,3 +256,22 @@ def test_a_missing_or_broken_tbb_is_no_error(tmp_path, monkeypatch):
     assert load_pip_tbb(str(tmp_path)) is False
     monkeypatch.setenv("NUMBA_THREADING_LAYER", "omp")
     assert load_pip_tbb(str(tmp_path)) is False
+
+
+def test_the_tbb_dependency_is_the_threading_layer(monkeypatch):
+    """pyproject installs tbb on Linux x86-64 for its work stealing under contention (threads.py):
+    where it is installed and no layer is forced, Numba must be running on it, not OpenMP."""
+    import importlib.metadata
+    import os
+    import subprocess
+    import sys
+
+    try:
+        importlib.metadata.version("tbb")
+    except importlib.metadata.PackageNotFoundError:
+        pytest.skip("tbb is not installed here (pyproject installs it on Linux x86-64 only)")
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_THREADING_LAYER"}
+    code = "from llmrs_core.kernels.cpu.threads import threading_layer; print(threading_layer())"
+    run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip() == "tbb", f"tbb is installed, yet Numba's layer is {run.stdout.strip()!r}"

@@ -10,11 +10,17 @@ here: Numba gets ``threads``, BLAS gets ``threads`` too but only for the big
 prompt-processing products; everything else keeps BLAS single-threaded.
 
 Other processes are the other source of contention. With one of 2 cores kept
-busy, a SmolLM2 decode step went from 5.2 to 14.0 ms with OpenMP (the layer
-found here) and from 5.4 to 8.4 ms with TBB's work stealing. Numba prefers
-TBB when it can load it; ``pip install tbb`` puts the library where the
-loader does not look, so :func:`load_pip_tbb` loads it by path when this
-module is imported (``NUMBA_THREADING_LAYER=omp`` chooses OpenMP anyway).
+busy, a SmolLM2 decode step went from 5.2 to 14.0 ms with OpenMP and from 5.4
+to 8.4 ms with TBB's work stealing. Measured again on the int8 decode path
+(``llmrs bench speed --contention``, 2 threads, AVX-512 EPYC, tg32): OpenMP
+lost 2.8x (98 -> 35 tokens/s), TBB 1.3x (85 -> 64), Numba's workqueue was
+slow even when quiet (25 tokens/s); quiet, TBB was as fast as OpenMP (99 and
+92 tokens/s at tg64). So TBB is a dependency (``tbb`` from PyPI, on Linux
+x86-64), and Numba prefers it when it can load it; the pip wheel puts the
+library where the loader does not look, so :func:`load_pip_tbb` loads it by
+path when this module is imported (``NUMBA_THREADING_LAYER=omp`` chooses
+OpenMP anyway). Prompt processing goes through OpenBLAS's own threads, which
+split the work statically: those lose about as much either way.
 """
 
 from __future__ import annotations
