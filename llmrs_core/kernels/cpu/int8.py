@@ -130,15 +130,17 @@ def _hsum(builder, vec, start):
     return builder.fadd(start, vec)
 
 
-def _rows_dot(context, builder, signature, args, affine: bool, n_rows: int, vnni: bool) -> None:
-    """The IR of one group of ``n_rows`` weight rows against one activation row, stored into ``out``.
+def _rows_dot(context, builder, signature, args, affine: bool, n_rows: int, vnni: bool, n_t: int) -> None:
+    """The IR of one group of ``n_rows`` weight rows against ``n_t`` activation rows (``t`` onwards),
+    stored into ``out``.
 
     ``affine``: Q4 codes with an offset, else signed Q8 codes. ``vnni``: one ``vpdpbusd`` per
     block and row instead of ``vpmaddubsw`` + ``vpmaddwd`` (the same int32 lanes: no pair sum
     saturates, see above). The group's blocks lie one after the other in memory (block ``b``
     of its rows 0..n_rows-1, then block ``b + 1``: :class:`Int8Rows`), so a group is one
-    sequential stream; the activation block is loaded once for all its rows, and each row
-    has its own accumulator, so the rows' fused multiply-adds do not wait on each other.
+    sequential stream; each activation block is loaded once for all its rows, each weight
+    block unpacked once for all ``n_t`` activation rows, and each (row, activation row) pair
+    has its own accumulator, so their fused multiply-adds do not wait on each other.
     """
     n_arrays = 7 if affine else 5
     arrays = [context.make_array(ty)(context, builder, value)
@@ -170,38 +172,45 @@ def _rows_dot(context, builder, signature, args, affine: bool, n_rows: int, vnni
             return builder.call(dpbusd, [zero, builder.bitcast(wv, _V8I32), builder.bitcast(xv, _V8I32)])
         return builder.call(maddwd, [builder.call(maddubs, [wv, xv]), ones])
 
-    accs = [cgutils.alloca_once_value(builder, ir.Constant(_V8F, [0.0] * 8)) for _ in range(n_rows)]
-    offsets = [cgutils.alloca_once_value(builder, ir.Constant(_F32, 0.0)) for _ in range(n_rows)]
-    x_blocks = builder.mul(t, nb)
+    tile = [(r, j) for r in range(n_rows) for j in range(n_t)]
+    accs = {rj: cgutils.alloca_once_value(builder, ir.Constant(_V8F, [0.0] * 8)) for rj in tile}
+    offsets = {rj: cgutils.alloca_once_value(builder, ir.Constant(_F32, 0.0)) for rj in tile}
     with cgutils.for_range(builder, nb) as loop:
         b = loop.index
-        xb = builder.add(x_blocks, b)
-        x_codes = _load(builder, xq, builder.mul(xb, ir.Constant(intp, 32)), _V32I8)
-        x_scale = builder.load(builder.gep(xd, [xb]))
-        x_sum = builder.load(builder.gep(xs, [xb])) if affine else None
+        x_codes, x_scale, x_sum = [], [], []
+        for j in range(n_t):  # activation row t + j's block b
+            xb = builder.add(builder.mul(builder.add(t, ir.Constant(intp, j)), nb), b)
+            x_codes.append(_load(builder, xq, builder.mul(xb, ir.Constant(intp, 32)), _V32I8))
+            x_scale.append(builder.load(builder.gep(xd, [xb])))
+            x_sum.append(builder.load(builder.gep(xs, [xb])) if affine else None)
         group_block = builder.mul(builder.add(builder.mul(group, nb), b), ir.Constant(intp, n_rows))
         for r in range(n_rows):
             rb = builder.add(group_block, ir.Constant(intp, r))  # block b of the group's row r
-            if affine:
+            if affine:  # the codes unpacked once, for every activation row of the tile
                 packed = _load(builder, qs, builder.mul(rb, ir.Constant(intp, 16)), _V16I8)
                 low = builder.and_(packed, ir.Constant(_V16I8, [15] * 16))
                 high = builder.lshr(packed, ir.Constant(_V16I8, [4] * 16))
                 wv = builder.shuffle_vector(low, high, ir.Constant(ir.VectorType(_I32, 32), list(range(32))))
-                xv = x_codes
+                xvs = x_codes
             else:
                 codes = _load(builder, qs, builder.mul(rb, ir.Constant(intp, 32)), _V32I8)
                 wv = builder.call(sign, [codes, codes])  # |w|, read as unsigned bytes
-                xv = builder.call(sign, [x_codes, codes])  # x * sign(w)
-            sums = builder.sitofp(int_dot(wv, xv), _V8F)
-            scale = builder.fmul(builder.load(builder.gep(d, [rb])), x_scale)
-            builder.store(builder.call(fma, [sums, _splat8(builder, scale), builder.load(accs[r])]), accs[r])
-            if affine:
-                term = builder.fmul(builder.load(builder.gep(m, [rb])), x_sum)
-                builder.store(builder.fadd(builder.load(offsets[r]), term), offsets[r])
-    first = builder.add(builder.mul(t, out_cols), builder.mul(group, ir.Constant(intp, n_rows)))
-    for r in range(n_rows):
-        total = _hsum(builder, builder.load(accs[r]), builder.load(offsets[r]))
-        builder.store(total, builder.gep(out, [builder.add(first, ir.Constant(intp, r))]))
+                xvs = [builder.call(sign, [xc, codes]) for xc in x_codes]  # x * sign(w)
+            w_scale = builder.load(builder.gep(d, [rb]))
+            w_offset = builder.load(builder.gep(m, [rb])) if affine else None
+            for j in range(n_t):
+                acc = accs[r, j]
+                sums = builder.sitofp(int_dot(wv, xvs[j]), _V8F)
+                scale = builder.fmul(w_scale, x_scale[j])
+                builder.store(builder.call(fma, [sums, _splat8(builder, scale), builder.load(acc)]), acc)
+                if affine:
+                    term = builder.fmul(w_offset, x_sum[j])
+                    builder.store(builder.fadd(builder.load(offsets[r, j]), term), offsets[r, j])
+    first_row = builder.mul(group, ir.Constant(intp, n_rows))
+    for r, j in tile:
+        total = _hsum(builder, builder.load(accs[r, j]), builder.load(offsets[r, j]))
+        at = builder.add(builder.mul(builder.add(t, ir.Constant(intp, j)), out_cols), first_row)
+        builder.store(total, builder.gep(out, [builder.add(at, ir.Constant(intp, r))]))
 
 
 def _check_arrays(*arrays) -> None:
@@ -211,9 +220,9 @@ def _check_arrays(*arrays) -> None:
             raise TypingError(f"the int8 row dot products read C-contiguous 2-D arrays; got {a}")
 
 
-def _rows_intrinsic(affine: bool, n_rows: int):
-    """An ``@intrinsic`` storing ``out[t, g * n_rows:(g + 1) * n_rows]``: group ``g`` of the weight's
-    rows against row ``t`` of the activations. Which instructions it emits is decided when a kernel calling it is compiled,
+def _rows_intrinsic(affine: bool, n_rows: int, n_t: int):
+    """An ``@intrinsic`` storing ``out[t:t + n_t, g * n_rows:(g + 1) * n_rows]``: group ``g`` of the
+    weight's rows against rows ``t`` to ``t + n_t - 1`` of the activations. Which instructions it emits is decided when a kernel calling it is compiled,
     for the target Numba compiles for (:func:`int8_instructions`)."""
     if affine:
         def typer(typingctx, qs, d, m, xq, xd, xs, out, group, t):
@@ -225,18 +234,22 @@ def _rows_intrinsic(affine: bool, n_rows: int):
             return types.void(qs, d, xq, xd, out, group, t), codegen
 
     def codegen(context, builder, signature, args):
-        _rows_dot(context, builder, signature, args, affine, n_rows, vnni=int8_instructions() == "avx512-vnni")
+        _rows_dot(context, builder, signature, args, affine, n_rows, int8_instructions() == "avx512-vnni", n_t)
         return context.get_dummy_value()
 
-    typer.__name__ = f"{'q4' if affine else 'q8'}_rows_dot_{n_rows}"
+    typer.__name__ = f"{'q4' if affine else 'q8'}_rows_dot_{n_rows}x{n_t}"
     return intrinsic(typer)
 
 
 #: rows of a group (:class:`Int8Rows`), taken together against each activation row: four
 #: accumulators in flight, and one activation block loaded for all four
 GROUP_ROWS = 4
-q4_rows_dot = _rows_intrinsic(affine=True, n_rows=GROUP_ROWS)
-q8_rows_dot = _rows_intrinsic(affine=False, n_rows=GROUP_ROWS)
+#: and activation rows taken together: each unpacked weight block serves two of them
+PAIR = 2
+q4_rows_dot = _rows_intrinsic(affine=True, n_rows=GROUP_ROWS, n_t=1)
+q4_rows_dot_pair = _rows_intrinsic(affine=True, n_rows=GROUP_ROWS, n_t=PAIR)
+q8_rows_dot = _rows_intrinsic(affine=False, n_rows=GROUP_ROWS, n_t=1)
+q8_rows_dot_pair = _rows_intrinsic(affine=False, n_rows=GROUP_ROWS, n_t=PAIR)
 
 
 def int8_unavailable() -> str | None:
@@ -387,14 +400,19 @@ def q4_int8_matmul(qs, d, m, xq, xd, xs):
     The work is cut into (chunk of :data:`CHUNK_ROWS` activation rows, group of weight rows)
     pieces, split across threads; a piece takes its group against each of the chunk's
     activation rows in turn, so the group's bytes come from memory once per chunk and from
-    L1 for the other rows, and the chunk's activations stay in L1.
+    L1 for the other rows (two at a time, :data:`PAIR`: each unpacked weight block serves both),
+    and the chunk's activations stay in L1.
     """
     groups, t_count = qs.shape[0], xq.shape[0]
     out = np.empty((t_count, groups * GROUP_ROWS), np.float32)
     chunks = (t_count + CHUNK_ROWS - 1) // CHUNK_ROWS
     for piece in prange(chunks * groups):
         chunk, g = piece // groups, piece % groups
-        for t in range(chunk * CHUNK_ROWS, min(t_count, (chunk + 1) * CHUNK_ROWS)):
+        t, stop = chunk * CHUNK_ROWS, min(t_count, (chunk + 1) * CHUNK_ROWS)
+        while t + PAIR <= stop:
+            q4_rows_dot_pair(qs, d, m, xq, xd, xs, out, g, t)
+            t += PAIR
+        if t < stop:
             q4_rows_dot(qs, d, m, xq, xd, xs, out, g, t)
     return out
 
@@ -407,7 +425,11 @@ def q8_int8_matmul(qs, d, xq, xd):
     chunks = (t_count + CHUNK_ROWS - 1) // CHUNK_ROWS
     for piece in prange(chunks * groups):
         chunk, g = piece // groups, piece % groups
-        for t in range(chunk * CHUNK_ROWS, min(t_count, (chunk + 1) * CHUNK_ROWS)):
+        t, stop = chunk * CHUNK_ROWS, min(t_count, (chunk + 1) * CHUNK_ROWS)
+        while t + PAIR <= stop:
+            q8_rows_dot_pair(qs, d, xq, xd, out, g, t)
+            t += PAIR
+        if t < stop:
             q8_rows_dot(qs, d, xq, xd, out, g, t)
     return out
 
