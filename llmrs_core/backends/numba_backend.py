@@ -149,6 +149,8 @@ class NumbaBackend(Backend):
         if numba.get_num_threads() != self.threads:
             numba.set_num_threads(self.threads)
         if x.shape[0] <= self.numba_rows and w.kind != "f32":
+            # a matrix without an int8 copy (Q6_K) in a step of SMALL_BATCH..INT8_ROWS tokens
+            # takes kmatmul's BLAS path on one BLAS thread here: slower, never a pool fight
             return kmatmul.matmul(x, w)
         size = kmatmul.BAND_ROWS * w.cols
         if self._scratch.size < size:
@@ -190,7 +192,8 @@ class NumbaBackend(Backend):
             self.blas.set(1)
 
     def describe(self) -> str:
-        decode = f"int8 ({int8_instructions()})" if self.int8_reason is None else f"float kernels ({self.int8_reason})"
+        decode = (f"int8 ({int8_instructions()})" if self.int8_reason is None
+                  else f"float kernels ({self.int8_reason})")
         return f"numba ({describe(self.threads)}; decode: {decode})"
 
 

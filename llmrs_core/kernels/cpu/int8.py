@@ -9,23 +9,26 @@ per block of weights ``w = d_w q_w + m_w`` (the Q4 form) or ``w = d_w q_w``
 
     w_b . x_b  ~  d_w d_x (q_w . q_x) + m_w s_x
 
-where ``q_w . q_x`` is a dot product of integers, exact in int32 and two
-AVX2 instructions per 32 weights (the intrinsics below). What it costs: each
+where ``q_w . q_x`` is a dot product of integers, exact in int32: two AVX2
+instructions per 32 weights, or one with AVX-512 VNNI (the intrinsics below). What it costs: each
 activation moves by up to half its block's step ``d_x / 2`` (a relative
 error of about 1/254 of the block's largest value), which is llama.cpp's
 level of agreement, not the float kernels' 1e-6.
 
-The kernels read a row-major copy of each matrix (:class:`Int8Rows`, made
-from a :class:`~.packing.PackedMatrix` at load): a row's blocks lie one after
-the other, as in the GGUF file, so that one 16-byte load holds a block's 32
-codes for ``vpmaddubsw``. The interleaved layout the float kernels read
-puts 32 *rows* side by side instead, which suits float lanes but not byte
-pairs. The copy takes 24 bytes per 32 weights in the Q4 form (16 of codes,
-float32 ``d`` and ``m``) and 36 for Q8_0, as much again as the interleaved
-layout; decode reads only the copy, prompt processing only the interleaved one.
+The kernels read a copy of each matrix of their own (:class:`Int8Rows`, made
+from a :class:`~.packing.PackedMatrix` at load): rows in groups of four, and
+within a group block ``b`` of each row before block ``b + 1``, so that one
+16-byte load holds a block's 32 codes of one row for the byte products, and
+a group is one sequential stream. The interleaved layout the float kernels
+read puts 32 *rows* side by side instead, which suits float lanes but not
+byte pairs. The copy takes 24 bytes per 32 weights in the Q4 form (16 of
+codes, float32 ``d`` and ``m``) and 36 for Q8_0, as much again as the
+interleaved layout; decode reads only the copy, prompt processing only the
+interleaved one.
 
 :func:`int8_unavailable` is the dispatch: the int8 kernels exist only for
-x86-64 targets with AVX2, and are compiled only when it returns None.
+x86-64 targets with AVX2, and are compiled only when it returns None;
+:func:`int8_instructions` says which dot product they are compiled with.
 
 Shapes: ``x [T, cols]`` float32; ``xq [T, cols]`` int8, ``xd``, ``xs``
 ``[T, cols / 32]`` float32; output ``[T, rows]`` float32.
@@ -63,10 +66,14 @@ from .packing import BLOCK, LANES, PackedMatrix
 # * ``vpmaddwd`` (``llvm.x86.avx2.pmadd.wd``) with a vector of ones: adjacent
 #   int16 added pairwise -> 8 int32.
 #
+# AVX-512 VNNI has both steps in one: ``vpdpbusd`` (``llvm.x86.avx512.vpdpbusd.256``)
+# adds 4 adjacent unsigned-by-signed byte products into each of 8 int32 lanes,
+# the same lanes without an int16 step in between.
+#
 # No Numba type is a vector register, so each function here is an
-# ``@intrinsic`` that writes the LLVM IR of a whole row's dot product (the
-# loop over its blocks included) with llvmlite's IR builder, and returns one
-# float32. Per block ``b`` of 32 weights it adds ``d_w[b] d_x[b] * (q_w . q_x)``
+# ``@intrinsic`` that writes the LLVM IR of a group of rows' dot products (the
+# loop over their blocks included) with llvmlite's IR builder, and stores them.
+# Per block ``b`` of 32 weights and row it adds ``d_w[b] d_x[b] * (q_w . q_x)``
 # (the integer dot product, exact in int32, converted to float32 exactly)
 # into an 8-lane float32 accumulator, and for the affine form the offset term
 # ``m_w[b] s_x[b]`` into a scalar; the 8 lanes are added once per row, as a tree.
@@ -79,17 +86,18 @@ from .packing import BLOCK, LANES, PackedMatrix
 # to 2 * 128 * 127 = 32512, still below 32767. A block's int32 sum is at most
 # 32 * 128 * 127 = 520192 < 2**24, so its conversion to float32 is exact.
 #
-# These functions call x86 AVX2 instructions unconditionally: compiling them
-# for a CPU without AVX2 fails inside LLVM. Only the kernels below call
-# them, and the backend calls those only when int8_unavailable()
-# says the target Numba compiles for has AVX2. AVX-512 VNNI's ``vpdpbusd``
-# (one instruction for both steps) is not used: no machine this was tested on
-# has it.
+# These functions call x86 instructions unconditionally: compiling them for a
+# CPU without them fails inside LLVM (it aborts the process). Only the kernels
+# below call them, and the backend calls those only when int8_unavailable()
+# says the target Numba compiles for has AVX2; ``vpdpbusd`` is emitted only where
+# the target's feature string declares AVX-512 VNNI and VL (int8_instructions()),
+# which a bare NUMBA_CPU_NAME does not: such targets get the AVX2 pair.
 #
-# Array arguments (C-contiguous): ``qs`` uint8 ``[rows, nb * 16]`` (byte ``j``
-# of a block: code ``j`` in the low nibble, ``j + 16`` in the high one, GGUF's
-# order) or int8 ``[rows, nb * 32]``; ``d``, ``m`` float32 ``[rows, nb]``; ``xq``
-# int8 ``[T, nb * 32]``; ``xd``, ``xs`` float32 ``[T, nb]``; ``row``, ``t`` integers.
+# Array arguments (C-contiguous, :class:`Int8Rows`'s): ``qs`` uint8
+# ``[groups, nb * 4 * 16]`` (byte ``j`` of a block: code ``j`` in the low nibble,
+# ``j + 16`` in the high one, GGUF's order) or int8 ``[groups, nb * 4 * 32]``;
+# ``d``, ``m`` float32 ``[groups, nb * 4]``; ``xq`` int8 ``[T, nb * 32]``; ``xd``,
+# ``xs`` float32 ``[T, nb]``; ``out`` float32 ``[T, groups * 4]``; ``group``, ``t`` integers.
 
 _I8, _I16, _I32, _F32 = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.FloatType()
 _V16I8 = ir.VectorType(_I8, 16)
