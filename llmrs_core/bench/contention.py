@@ -32,10 +32,11 @@ def can_pin() -> str | None:
 @contextmanager
 def busy_core(core: int | None = None):
     """Run a CPU-bound process pinned to ``core`` (default: the lowest this process may use) while
-    the block runs; yields the core. ``RuntimeError`` if it cannot be pinned (:func:`can_pin`)."""
+    the block runs; yields the core. ``ValueError`` (what the command line reports as one line) if
+    it cannot be pinned here (:func:`can_pin`)."""
     reason = can_pin()
     if reason:
-        raise RuntimeError(f"--contention needs a core to keep busy: {reason}")
+        raise ValueError(f"--contention needs a core to keep busy: {reason}")
     core = min(os.sched_getaffinity(0)) if core is None else core
     proc = subprocess.Popen([sys.executable, "-c", _SPIN], stdin=subprocess.DEVNULL,
                             preexec_fn=lambda: os.sched_setaffinity(0, {core}))

@@ -65,7 +65,7 @@ def test_the_busy_process_is_stopped_when_the_benchmark_fails():
 def test_one_usable_core_is_refused_with_the_reason(monkeypatch):
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {3})
     assert "only one core" in contention.can_pin()
-    with pytest.raises(RuntimeError, match="--contention needs a core to keep busy: .*only one core"):
+    with pytest.raises(ValueError, match="--contention needs a core to keep busy: .*only one core"):
         with contention.busy_core():
             pass
 
