@@ -230,8 +230,9 @@ def _check_arrays(*arrays) -> None:
 
 def _rows_intrinsic(affine: bool, n_rows: int, n_t: int):
     """An ``@intrinsic`` storing ``out[t:t + n_t, g * n_rows:(g + 1) * n_rows]``: group ``g`` of the
-    weight's rows against rows ``t`` to ``t + n_t - 1`` of the activations. Which instructions it emits is decided when a kernel calling it is compiled,
-    for the target Numba compiles for (:func:`int8_instructions`)."""
+    weight's rows against rows ``t`` to ``t + n_t - 1`` of the activations. Which instructions it
+    emits is decided when a kernel calling it is compiled, for the target Numba compiles for
+    (:func:`int8_instructions`)."""
     if affine:
         def typer(typingctx, qs, d, m, xq, xd, xs, out, group, t):
             _check_arrays(qs, d, m, xq, xd, xs, out)
@@ -249,10 +250,9 @@ def _rows_intrinsic(affine: bool, n_rows: int, n_t: int):
     return intrinsic(typer)
 
 
-#: rows of a group (:class:`Int8Rows`), taken together against each activation row: four
-#: accumulators in flight, and one activation block loaded for all four
+#: rows of a group (:class:`Int8Rows`), taken together: one activation block loaded for all four
 GROUP_ROWS = 4
-#: and activation rows taken together: each unpacked weight block serves two of them
+#: activation rows taken together: each unpacked weight block serves both (8 accumulators in flight)
 PAIR = 2
 q4_rows_dot = _rows_intrinsic(affine=True, n_rows=GROUP_ROWS, n_t=1)
 q4_rows_dot_pair = _rows_intrinsic(affine=True, n_rows=GROUP_ROWS, n_t=PAIR)
