@@ -194,7 +194,7 @@ class LlamaModel:
         lengths = [cache.length for cache in caches]
         unrotated = [cache.stores_unrotated_keys for cache in caches]
         n = int(bounds[-1])
-        b.begin_step(n)
+        b.begin_step(n, tuple(sizes))
         p = self.plan  # the identity in one process; collectives in a distributed one
         x = p.embed(b, self.token_embd, np.concatenate(all_ids))
         for i, layer in enumerate(self.layers):

@@ -77,7 +77,7 @@ class FaultyBackend(Backend):
         """Let a stalled pass return."""
         self._released.set()
 
-    def begin_step(self, n_tokens: int) -> None:
+    def begin_step(self, n_tokens: int, sizes: tuple[int, ...] = ()) -> None:
         with self._lock:
             self.passes += 1
             n = self.passes
@@ -90,7 +90,7 @@ class FaultyBackend(Backend):
         if self.failing(n):
             self.faults += 1
             raise InjectedFault(f"injected fault in forward pass {n} ({n_tokens} tokens)")
-        self.inner.begin_step(n_tokens)
+        self.inner.begin_step(n_tokens, sizes)
 
     # -- everything else is the inner backend's ---------------------------------------------
 

@@ -86,9 +86,10 @@ class Backend(ABC):
         """``x`` (an array of :attr:`xp`) as a NumPy array in host memory; a GPU backend copies."""
         return np.asarray(x)
 
-    def begin_step(self, n_tokens: int) -> None:
+    def begin_step(self, n_tokens: int, sizes: tuple[int, ...] = ()) -> None:
         """Called by the model at the start of every forward step of ``n_tokens`` tokens
-        (all sequences of a batch together). A backend may choose the step's kernels here."""
+        (all sequences of a batch together; ``sizes``: each sequence's share, in the order
+        of the step's rows). A backend may choose the step's kernels here."""
         return None
 
     @abstractmethod

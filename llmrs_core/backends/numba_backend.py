@@ -35,7 +35,7 @@ from numba import njit, prange
 from .. import layers
 from ..kernels.cpu import matmul as kmatmul
 from ..kernels.cpu import ops
-from ..kernels.cpu.int8 import int8_instructions, int8_rows, int8_unavailable
+from ..kernels.cpu.int8 import int8_instructions, int8_rows, int8_unavailable, matmul_int8
 from ..kernels.cpu.packing import PackedMatrix, fuse, pack_float, pack_raw
 from ..kernels.cpu.threads import BlasThreads, describe, set_threads
 from ..rope import rope_frequencies
@@ -83,11 +83,25 @@ class NumbaBackend(Backend):
         self._freqs: dict[tuple[int, float], np.ndarray] = {}
         self._scratch = np.empty(0, np.float32)  # dequantised band for BLAS, reused across calls
         self._blas_step = False  # set by begin_step: this step's products go through BLAS
+        self._step_tokens = 0  # set by begin_step: the step's rows
+        self._int8_rows = None  # set by begin_step: in a BLAS step, the rows that stay on int8
 
-    def begin_step(self, n_tokens: int) -> None:
-        # The step's size decides the mode of the whole step: its products (see matmul)
-        # and its attention, which must not start Numba threads between BLAS calls.
-        self._blas_step = n_tokens > self.numba_rows
+    def begin_step(self, n_tokens: int, sizes: tuple[int, ...] = ()) -> None:
+        # The step decides the mode of all of it: its products (see matmul) and its attention,
+        # which must not start Numba threads between BLAS calls.
+        self._step_tokens = n_tokens
+        self._int8_rows = None
+        if self.int8_reason is not None:
+            self._blas_step = n_tokens > self.numba_rows
+            return
+        # On the int8 path a sequence's rows take the int8 kernels when its own share of the
+        # step fits INT8_ROWS, whatever else is batched with it: the int8 product of a row
+        # does not depend on the other rows, so a request computes the same numbers batched
+        # as alone. Only a longer share (a long prompt) goes through BLAS.
+        long = [t > kmatmul.INT8_ROWS for t in (sizes or (n_tokens,))]
+        self._blas_step = any(long)
+        if self._blas_step and not all(long):
+            self._int8_rows = np.flatnonzero(np.repeat(~np.array(long), sizes))
 
     def _pack(self, source: WeightSource, name: str) -> PackedMatrix:
         shape = source.tensors[name].shape
@@ -148,6 +162,10 @@ class NumbaBackend(Backend):
         # this backend: put ours back if another backend or thread changed it.
         if numba.get_num_threads() != self.threads:
             numba.set_num_threads(self.threads)
+        if w.int8 is not None and (not self._blas_step or x.shape[0] <= self.numba_rows):
+            return matmul_int8(x, w.int8)  # every row of an int8 step; or a few rows (the head's)
+        if w.int8 is not None and self._int8_rows is not None and x.shape[0] == self._step_tokens:
+            return self._mixed_matmul(x, w)
         if x.shape[0] <= self.numba_rows and w.kind != "f32":
             # a matrix without an int8 copy (Q6_K) in a step of SMALL_BATCH..INT8_ROWS tokens
             # takes kmatmul's BLAS path on one BLAS thread here: slower, never a pool fight
@@ -160,6 +178,23 @@ class NumbaBackend(Backend):
             return kmatmul.matmul(x, w, self._scratch[:size].reshape(kmatmul.BAND_ROWS, w.cols))
         finally:
             self.blas.set(1)
+
+    def _mixed_matmul(self, x: np.ndarray, w: PackedMatrix) -> np.ndarray:
+        """A step with short and long shares: the short sequences' rows on the int8 kernels,
+        the long ones' through BLAS (begin_step chose which)."""
+        out = np.empty((x.shape[0], w.rows), np.float32)
+        short = self._int8_rows
+        long = np.setdiff1d(np.arange(x.shape[0]), short, assume_unique=True)
+        out[short] = matmul_int8(x[short], w.int8)
+        size = kmatmul.BAND_ROWS * w.cols
+        if self._scratch.size < size:
+            self._scratch = np.empty(size, np.float32)
+        self.blas.set(self.threads)
+        try:
+            out[long] = kmatmul.matmul(x[long], w, self._scratch[:size].reshape(kmatmul.BAND_ROWS, w.cols))
+        finally:
+            self.blas.set(1)
+        return out
 
     def rms_norm(self, x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
         return ops.rms_norm(np.ascontiguousarray(x, dtype=np.float32), weight, np.float32(eps))

@@ -269,10 +269,12 @@ def test_the_backend_sends_decode_steps_to_the_int8_kernels(tmp_path):
         w.fused.int8 = copy
     # the float path of a longer step: the float kernels' numbers, up to the order of their sums
     # (the backend may take BLAS there), not the int8 ones (those are ~1e-2 away: 8-bit activations)
+    backend.begin_step(x.shape[0], (x.shape[0],))  # one sequence's share longer than INT8_ROWS
     long_error = normalised_error(backend.matmul(x, w.fused), float_long)
     assert long_error <= float32_tolerance(x.shape[1]), (
         f"a step of {x.shape[0]} rows (> INT8_ROWS) differs from the float kernels by {long_error:.2e}: "
         "it must not take the int8 path")
+    backend.begin_step(1, (1,))
     gate, up = backend.matmul_many(x[:1], [layer.w_gate, layer.w_up])
     np.testing.assert_array_equal(gate, backend.matmul(x[:1], layer.w_gate))
     np.testing.assert_array_equal(up, int8.matmul_int8(x[:1], layer.w_up.int8))
@@ -301,3 +303,53 @@ def test_a_non_finite_activation_makes_its_products_non_finite(bad):
     out = int8.matmul_int8(x, int8.int8_rows(w))
     assert not np.isfinite(out[0]).any(), "a NaN or inf activation vanished in the int8 products"
     assert np.isfinite(out[1]).all()
+
+
+@needs_int8
+def test_a_request_computes_the_same_numbers_batched_as_alone(tmp_path):
+    """A sequence's rows take the int8 kernels by its own share of the step, not the step's size:
+    short sequences batched into a step longer than INT8_ROWS get exactly the logits they get alone
+    (an int8 row does not depend on the others, and the step stays on Numba's attention)."""
+    import llmrs_core as llmrs
+    from llmrs_core.testing import write_tiny_llama
+
+    path = tmp_path / "tiny.gguf"
+    write_tiny_llama(path, weight_type="q4_1", seed=5, hidden_size=64, intermediate_size=128, n_heads=4,
+                     n_kv_heads=2, context_length=256)
+    net = llmrs.load(path, backend="numba").network
+    rng = np.random.default_rng(1)
+    short = [rng.integers(0, 64, n).tolist() for n in (30, 25, 40)]  # 95 tokens together
+    alone = [net.forward(ids, net.new_cache(len(ids)), last_only=False) for ids in short]
+    batched = net.forward_batch([(ids, net.new_cache(len(ids))) for ids in short], last_only=False)
+    for i, (got, want) in enumerate(zip(batched, alone)):
+        np.testing.assert_array_equal(got, want, f"sequence {i} batched with the others differs from it alone")
+
+
+@needs_int8
+def test_beside_a_long_prompt_the_short_sequences_rows_stay_on_int8(tmp_path):
+    """A step with a share longer than INT8_ROWS multiplies that share through BLAS and the others'
+    rows on the int8 kernels, the same numbers as theirs alone. (Its attention goes through BLAS
+    for every sequence, float32-close to Numba's; an 8-bit activation code can still flip there.)"""
+    import llmrs_core as llmrs
+    from llmrs_core.kernels.cpu import matmul as kmatmul
+    from llmrs_core.testing import write_tiny_llama
+
+    path = tmp_path / "tiny.gguf"
+    write_tiny_llama(path, weight_type="q4_1", seed=5, hidden_size=64, intermediate_size=128, n_heads=4,
+                     n_kv_heads=2)
+    net = llmrs.load(path, backend="numba").network
+    backend, w = net.backend, net.layers[0].w_gate.fused
+    sizes = (30, kmatmul.INT8_ROWS + 20, 25)
+    x = np.random.default_rng(0).standard_normal((sum(sizes), 64)).astype(np.float32)
+    backend.begin_step(sum(sizes), sizes)
+    got = backend.matmul(x, w)
+    short = np.r_[0:30, 30 + sizes[1]:sum(sizes)]
+    np.testing.assert_array_equal(got[short], int8.matmul_int8(x[short], w.int8),
+                                  "the short sequences' rows must be the int8 kernel's")
+    long = np.arange(30, 30 + sizes[1])
+    copy, w.int8 = w.int8, None
+    try:
+        float_rows = kmatmul.matmul(x[long], w)
+    finally:
+        w.int8 = copy
+    assert normalised_error(got[long], float_rows) <= float32_tolerance(64), "the long prompt's rows: BLAS"

@@ -122,7 +122,7 @@ class RecordingBackend(NumpyBackend):
         self.xp = RecordingArrays()
         self.calls = []
 
-    def begin_step(self, n_tokens):
+    def begin_step(self, n_tokens, sizes=()):
         self.calls.append(("begin_step", n_tokens))
 
     def matmul(self, x, w):
