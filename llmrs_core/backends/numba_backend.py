@@ -15,6 +15,9 @@ each Q4/Q8_0 matrix then also keeps a copy grouped for those kernels (SmolLM2: 1
 more, 80 of them for the Q4_1 matrices). The int8 path agrees with llama.cpp (greedy
 tokens by the top-5 rule of its golden test), not with the NumPy backend to float32
 rounding; ``exact=True`` (``--exact``) keeps every product on the float kernels, which do.
+Which rows take the int8 kernels is decided per sequence, by its own share of the step
+(:meth:`NumbaBackend.begin_step`), so a request batched with others computes the numbers
+it computes alone.
 
 Threads: ``threads`` (default: every core Numba may use) sets Numba's pool;
 BLAS is given the same number only around the prompt-processing products
