@@ -173,6 +173,11 @@ class NumbaBackend(Backend):
             # a matrix without an int8 copy (Q6_K) in a step of SMALL_BATCH..INT8_ROWS tokens
             # takes kmatmul's BLAS path on one BLAS thread here: slower, never a pool fight
             return kmatmul.matmul(x, w)
+        return self._blas_matmul(x, w)
+
+    def _blas_matmul(self, x: np.ndarray, w: PackedMatrix) -> np.ndarray:
+        """``x @ W.T`` through kmatmul's BLAS path: BLAS on this backend's threads for the call
+        only, the dequantised band in the reused scratch."""
         size = kmatmul.BAND_ROWS * w.cols
         if self._scratch.size < size:
             self._scratch = np.empty(size, np.float32)
@@ -189,14 +194,7 @@ class NumbaBackend(Backend):
         short = self._int8_rows
         long = np.setdiff1d(np.arange(x.shape[0]), short, assume_unique=True)
         out[short] = matmul_int8(x[short], w.int8)
-        size = kmatmul.BAND_ROWS * w.cols
-        if self._scratch.size < size:
-            self._scratch = np.empty(size, np.float32)
-        self.blas.set(self.threads)
-        try:
-            out[long] = kmatmul.matmul(x[long], w, self._scratch[:size].reshape(kmatmul.BAND_ROWS, w.cols))
-        finally:
-            self.blas.set(1)
+        out[long] = self._blas_matmul(x[long], w)
         return out
 
     def rms_norm(self, x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
