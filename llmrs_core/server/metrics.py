@@ -185,7 +185,11 @@ class ServerMetrics:
                                                    "Tokens returned per request.", token_buckets)
         self.engine_restarts = counter("llmrs:engine_restarts", "Fresh engines built after an engine failure.")
         self._label = {"model_name": model_name}
-        self.engine_restarts.labels(**self._label)  # exported from the start, at 0
+        # every counter is exported from the start, at 0: a series that appears only at its first
+        # increment breaks rate() and alerts on it (a server that has had no prefix-cache hit yet has 0)
+        for metric in (self.prompt_tokens, self.generation_tokens, self.preemptions, self.prefix_queries,
+                       self.prefix_hits, self.engine_restarts):
+            metric.labels(**self._label)
         # the engine's cumulative counters at the last step (the Prometheus counters take the differences)
         self._engine_id: int | None = None
         self._seen = (0, 0, 0)
