@@ -46,31 +46,29 @@ def random_matrix(kind: str, rows: int, cols: int, rng: np.random.Generator):
     return pack_q8(codes, d, "Q8_0"), codes, d, np.zeros_like(d)
 
 
-def lane_terms(codes, d, m, xq, xd, xs):
-    """``[T, rows, nb, 9]`` float64, the terms the kernel adds: per block, its 8 lanes'
-    ``d_w d_x (q_w . q_x)`` over 4 consecutive codes each (what ``vpmaddwd`` leaves in a lane;
-    the integer part exact) and ``m_w s_x``. Their sum over the last two axes is the product."""
+def block_terms(codes, d, m, xq, xd, xs):
+    """``[T, rows, nb, 2]`` float64, the terms the kernel adds: per block ``d_w d_x (q_w . q_x)``
+    (the integer dot product exact: what the int32 lane of its row holds after the block) and
+    ``m_w s_x``. Their sum over the last two axes is the product."""
     rows, cols = codes.shape
     nb = cols // 32
-    sumi = np.einsum("rblj,tblj->trbl", codes.reshape(rows, nb, 8, 4).astype(np.int64),
-                     xq.reshape(-1, nb, 8, 4).astype(np.int64))
+    sumi = np.einsum("rbj,tbj->trb", codes.reshape(rows, nb, 32).astype(np.int64),
+                     xq.reshape(-1, nb, 32).astype(np.int64))
     scale = d.astype(np.float64)[None] * xd.astype(np.float64)[:, None]
     offset = m.astype(np.float64)[None] * xs.astype(np.float64)[:, None]
-    return np.concatenate([scale[..., None] * sumi, offset[..., None]], axis=-1)
+    return np.stack([scale * sumi, np.broadcast_to(offset, sumi.shape)], axis=-1)
 
 
 def rounding_bound(terms: np.ndarray) -> np.ndarray:
     """``[T, rows]``: how far the kernel's float32 result may be from the exact sum of ``terms``.
 
-    Per block the kernel rounds ``d_w d_x`` once, then adds each lane's scaled sum into that
-    lane's accumulator with a fused multiply-add (one rounding), and the offset term with a
-    product and an addition; at the end the 8 lanes are added up (three levels of a tree) and
-    to the offset. Each term passes through fewer than ``nb + 10`` roundings of relative size
-    u = 2^-24 (counting the lanes' sum as up to 8 sequential additions), so the error
-    is at most ``gamma_(nb+10) * sum |terms|``, ``gamma_n = n u / (1 - n u)`` (Higham, ch. 3).
-    The sum runs over lanes, not blocks: lanes of one block may cancel.
+    Per block the kernel rounds ``d_w d_x`` once, then adds the block's scaled integer sum into
+    the row's accumulator with a fused multiply-add (one rounding) and the offset term with
+    another: ``2 nb`` terms added one after the other. Each passes through at most ``2 nb + 1``
+    roundings of relative size u = 2^-24, so the error is at most ``gamma_(2nb+1) * sum |terms|``,
+    ``gamma_n = n u / (1 - n u)`` (Higham, ch. 3).
     """
-    n = terms.shape[-2] + 10
+    n = 2 * terms.shape[-2] + 1
     gamma = n * FLOAT32_ROUNDING / (1 - n * FLOAT32_ROUNDING)
     return gamma * np.abs(terms).sum(axis=(-2, -1))
 
@@ -110,9 +108,14 @@ def test_row_major_copy_keeps_every_code():
             np.testing.assert_array_equal(m_rows, m)
         else:
             np.testing.assert_array_equal(qs, codes)
-        # a group's blocks lie block by block: block 1 of row 0 follows block 0 of rows 0..3
+        # a group's blocks lie block by block, each in words of four bytes of every row: the first
+        # word holds bytes 0..3 of rows 0..7, the next bytes 4..7 of each; block 1 follows block 0
         per_block = 16 if kind == "q4" else 32
-        np.testing.assert_array_equal(copy.qs[0, int8.GROUP_ROWS * per_block:][:per_block], qs[0, per_block:2 * per_block])
+        group = qs[: int8.GROUP_ROWS]
+        np.testing.assert_array_equal(copy.qs[0, :32], group[:, :4].reshape(-1))
+        np.testing.assert_array_equal(copy.qs[0, 32:64], group[:, 4:8].reshape(-1))
+        start = int8.GROUP_ROWS * per_block
+        np.testing.assert_array_equal(copy.qs[0, start:start + 32], group[:, per_block:per_block + 4].reshape(-1))
 
 
 def test_sixteen_weight_blocks_have_no_int8_copy():
@@ -159,7 +162,7 @@ def test_products_are_the_quantised_arithmetic(kind, t_count, cols):
     x[:, 5] *= 40  # an outlier channel, as real activations have
     got = int8.matmul_int8(x, int8.int8_rows(w))
     xq, xd, xs = int8.quantize_q8_1(x)
-    terms = lane_terms(codes, d, m, xq, xd, xs)
+    terms = block_terms(codes, d, m, xq, xd, xs)
     off = np.abs(got - terms.sum(axis=(-2, -1)))
     bound = rounding_bound(terms)
     assert (off <= bound).all(), f"off by {off.max():.3g}, more than float32 rounding allows ({bound.max():.3g})"

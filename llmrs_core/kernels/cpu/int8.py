@@ -16,15 +16,19 @@ error of about 1/254 of the block's largest value), which is llama.cpp's
 level of agreement, not the float kernels' 1e-6.
 
 The kernels read a copy of each matrix of their own (:class:`Int8Rows`, made
-from a :class:`~.packing.PackedMatrix` at load): rows in groups of four, and
-within a group block ``b`` of each row before block ``b + 1``, so that one
-16-byte load holds a block's 32 codes of one row for the byte products, and
-a group is one sequential stream. The interleaved layout the float kernels
-read puts 32 *rows* side by side instead, which suits float lanes but not
-byte pairs. The copy takes 24 bytes per 32 weights in the Q4 form (16 of
-codes, float32 ``d`` and ``m``) and 36 for Q8_0, as much again as the
-interleaved layout; decode reads only the copy, prompt processing only the
-interleaved one.
+from a :class:`~.packing.PackedMatrix` at load): rows in groups of eight,
+and within a group's block, four code bytes of row 0, four of row 1, ...,
+four of row 7, then the next four of each. One 32-byte load then holds four
+codes of each of eight rows, a broadcast puts the activation's matching four
+codes in every 32-bit lane, and one integer dot product leaves each row's sum
+in a lane of its own: per block one int32 vector holds the eight rows' exact
+sums, converted, scaled and accumulated with vector operations (llama.cpp's
+repacked ``q4_0_8x8`` kernels work this way). A group is one sequential stream. The
+interleaved layout the float kernels read puts 32 *rows* side by side,
+code by code, which suits float lanes but not byte products. The copy takes
+24 bytes per 32 weights in the Q4 form (16 of codes, float32 ``d`` and
+``m``) and 36 for Q8_0, as much again as the interleaved layout; decode
+reads only the copy, prompt processing only the interleaved one.
 
 :func:`int8_unavailable` is the dispatch: the int8 kernels exist only for
 x86-64 targets with AVX2, and are compiled only when it returns None;
@@ -71,20 +75,32 @@ from .packing import BLOCK, LANES, PackedMatrix
 # the same lanes without an int16 step in between.
 #
 # No Numba type is a vector register, so each function here is an
-# ``@intrinsic`` that writes the LLVM IR of a group of rows' dot products (the
+# ``@intrinsic`` that writes the LLVM IR of a group of eight rows' dot products (the
 # loop over their blocks included) with llvmlite's IR builder, and stores them.
-# Per block ``b`` of 32 weights and row it adds ``d_w[b] d_x[b] * (q_w . q_x)``
-# (the integer dot product, exact in int32, converted to float32 exactly)
-# into an 8-lane float32 accumulator, and for the affine form the offset term
-# ``m_w[b] s_x[b]`` into a scalar; the 8 lanes are added once per row, as a tree.
+# The weight bytes are laid out so that a 32-byte load holds four consecutive codes
+# of each of the group's eight rows (:class:`Int8Rows`); the four activation codes
+# they meet are one 32-bit word, broadcast to all eight lanes (``vpbroadcastd``).
+# One dot product then adds each row's four products into that row's own int32
+# lane, and after the block's last load the lanes hold the eight rows' integer
+# dot products ``q_w . q_x``, exact. Per block the kernel converts them to float32
+# (exactly), and with vectors of the rows' scales and offsets adds
+# ``(d_w d_x) (q_w . q_x)`` and ``m_w s_x`` into one float32 accumulator per
+# activation row: two fused multiply-adds for eight rows. An earlier layout (a
+# group's rows block by block, one row's 32 codes per load) summed each row across
+# the lanes instead, and paid a conversion, a scale and a fused multiply-add per row
+# and block: two to four times slower at every number of activation rows.
 #
 # Integer ranges: a Q4 code is 0..15 and an activation code -127..127, so a
-# ``vpmaddubsw`` pair is at most 2 * 15 * 127 = 3810 in magnitude, far from the
-# int16 saturation at 32767. Q8 weight codes are signed (-128..127), and
-# ``vpmaddubsw`` wants its first operand unsigned: as in llama.cpp, the weights
-# go in as ``|w|`` and the activations as ``x * sign(w)`` (``vpsignb``), pairs up
-# to 2 * 128 * 127 = 32512, still below 32767. A block's int32 sum is at most
-# 32 * 128 * 127 = 520192 < 2**24, so its conversion to float32 is exact.
+# ``vpmaddubsw`` pair is at most 2 * 15 * 127 = 3810 in magnitude, and the AVX2
+# branch adds the eight pair sums of a block (its four loads' low and high nibbles)
+# in int16 before one ``vpmaddwd``: at most 8 * 3810 = 30480, below the int16 limit
+# of 32767, so no sum wraps. Q8 weight codes are signed (-128..127), and
+# ``vpmaddubsw`` and ``vpdpbusd`` want their first operand unsigned: as in llama.cpp,
+# the weights go in as ``|w|`` and the activations as ``x * sign(w)`` (``vpsignb``),
+# pairs up to 2 * 128 * 127 = 32512, so each pair goes to int32 on its own. A block's
+# int32 sum is at most 32 * 128 * 127 = 520192 < 2**24, so its conversion to float32
+# is exact; the VNNI and AVX2 branches compute the same integers and then the same
+# float operations, so their results are the same bits.
 #
 # These functions call x86 instructions unconditionally: compiling them for a
 # CPU without them fails inside LLVM (it aborts the process). Only the kernels
@@ -94,17 +110,21 @@ from .packing import BLOCK, LANES, PackedMatrix
 # which a bare NUMBA_CPU_NAME does not: such targets get the AVX2 pair.
 #
 # Array arguments (C-contiguous, :class:`Int8Rows`'s): ``qs`` uint8
-# ``[groups, nb * 4 * 16]`` (byte ``j`` of a block: code ``j`` in the low nibble,
-# ``j + 16`` in the high one, GGUF's order) or int8 ``[groups, nb * 4 * 32]``;
-# ``d``, ``m`` float32 ``[groups, nb * 4]``; ``xq`` int8 ``[T, nb * 32]``; ``xd``,
-# ``xs`` float32 ``[T, nb]``; ``out`` float32 ``[T, groups * 4]``; ``group``, ``t`` integers.
+# ``[groups, nb * 4 * 32]`` (per block four 32-byte words, see Int8Rows) or int8
+# ``[groups, nb * 8 * 32]``; ``d``, ``m`` float32 ``[groups, nb * 8]``; ``xq`` int8
+# ``[T, nb * 32]``; ``xd``, ``xs`` float32 ``[T, nb]``; ``out`` float32
+# ``[T, groups * 8]``; ``group``, ``t`` integers.
 
 _I8, _I16, _I32, _F32 = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.FloatType()
-_V16I8 = ir.VectorType(_I8, 16)
 _V32I8 = ir.VectorType(_I8, 32)
 _V16I16 = ir.VectorType(_I16, 16)
 _V8I32 = ir.VectorType(_I32, 8)
 _V8F = ir.VectorType(_F32, 8)
+
+#: rows of a group (:class:`Int8Rows`): one int32 lane each in a 256-bit register
+GROUP_ROWS = 8
+#: activation rows taken together: each loaded (and unpacked) weight word serves all four
+X_ROWS = 4
 
 
 def _declare(module, name: str, ret, args):
@@ -117,38 +137,22 @@ def _load(builder, base, index, vector_type):
     return builder.load(builder.bitcast(p, vector_type.as_pointer()), align=1)
 
 
-def _splat8(builder, value):
-    v = builder.insert_element(ir.Constant(_V8F, ir.Undefined), value, ir.Constant(_I32, 0))
-    return builder.shuffle_vector(v, ir.Constant(_V8F, ir.Undefined), ir.Constant(ir.VectorType(_I32, 8), [0] * 8))
+def _splat(builder, value, vector_type):
+    """``value`` in every lane of ``vector_type`` (a broadcast)."""
+    v = builder.insert_element(ir.Constant(vector_type, ir.Undefined), value, ir.Constant(_I32, 0))
+    mask = ir.Constant(ir.VectorType(_I32, vector_type.count), [0] * vector_type.count)
+    return builder.shuffle_vector(v, ir.Constant(vector_type, ir.Undefined), mask)
 
 
-def _hsum(builder, vec, start):
-    """``start + sum(vec)``, the 8 lanes added as a tree (halves, then quarters, then pairs): three
-    dependent additions instead of eight in a row."""
-    for width in (4, 2, 1):
-        lanes = ir.VectorType(_F32, width) if width > 1 else None
-        low = [ir.Constant(_I32, k) for k in range(width)]
-        high = [ir.Constant(_I32, width + k) for k in range(width)]
-        if lanes is None:
-            vec = builder.fadd(builder.extract_element(vec, low[0]), builder.extract_element(vec, high[0]))
-        else:
-            undef = ir.Constant(vec.type, ir.Undefined)
-            vec = builder.fadd(builder.shuffle_vector(vec, undef, ir.Constant(ir.VectorType(_I32, width), low)),
-                               builder.shuffle_vector(vec, undef, ir.Constant(ir.VectorType(_I32, width), high)))
-    return builder.fadd(start, vec)
+def _rows_dot(context, builder, signature, args, affine: bool, vnni: bool, n_t: int) -> None:
+    """The IR of one group of :data:`GROUP_ROWS` weight rows against ``n_t`` activation rows
+    (``t`` onwards), stored into ``out``.
 
-
-def _rows_dot(context, builder, signature, args, affine: bool, n_rows: int, vnni: bool, n_t: int) -> None:
-    """The IR of one group of ``n_rows`` weight rows against ``n_t`` activation rows (``t`` onwards),
-    stored into ``out``.
-
-    ``affine``: Q4 codes with an offset, else signed Q8 codes. ``vnni``: one ``vpdpbusd`` per
-    block and row instead of ``vpmaddubsw`` + ``vpmaddwd`` (the same int32 lanes: no pair sum
-    saturates, see above). The group's blocks lie one after the other in memory (block ``b``
-    of its rows 0..n_rows-1, then block ``b + 1``: :class:`Int8Rows`), so a group is one
-    sequential stream; each activation block is loaded once for all its rows, each weight
-    block unpacked once for all ``n_t`` activation rows, and each (row, activation row) pair
-    has its own accumulator, so their fused multiply-adds do not wait on each other.
+    ``affine``: Q4 codes with an offset, else signed Q8 codes. ``vnni``: ``vpdpbusd``
+    instead of ``vpmaddubsw`` + ``vpmaddwd`` (the same integers, see above). Each weight
+    word is loaded (and for Q4 split into its low and high nibbles) once for all ``n_t``
+    activation rows; each activation row has its own int32 and float32 accumulators, so
+    their chains do not wait on each other.
     """
     n_arrays = 7 if affine else 5
     arrays = [context.make_array(ty)(context, builder, value)
@@ -157,12 +161,16 @@ def _rows_dot(context, builder, signature, args, affine: bool, n_rows: int, vnni
         qs, d, m, xq, xd, xs, out = (a.data for a in arrays)
     else:
         qs, d, xq, xd, out = (a.data for a in arrays)
-    per_group = builder.extract_value(arrays[1].shape, 1)  # d is [groups, nb * n_rows]
-    nb = builder.udiv(per_group, ir.Constant(per_group.type, n_rows))
-    out_cols = builder.extract_value(arrays[-1].shape, 1)  # out is [T, groups * n_rows]
+    per_group = builder.extract_value(arrays[1].shape, 1)  # d is [groups, nb * GROUP_ROWS]
+    nb = builder.udiv(per_group, ir.Constant(per_group.type, GROUP_ROWS))
+    out_cols = builder.extract_value(arrays[-1].shape, 1)  # out is [T, groups * GROUP_ROWS]
     group = context.cast(builder, args[n_arrays], signature.args[n_arrays], types.intp)
     t = context.cast(builder, args[n_arrays + 1], signature.args[n_arrays + 1], types.intp)
     intp = nb.type
+
+    def const(value):
+        return ir.Constant(intp, value)
+
     module = builder.module
     fma = _declare(module, "llvm.fma.v8f32", _V8F, [_V8F, _V8F, _V8F])
     if vnni:
@@ -172,53 +180,54 @@ def _rows_dot(context, builder, signature, args, affine: bool, n_rows: int, vnni
         maddwd = _declare(module, "llvm.x86.avx2.pmadd.wd", _V8I32, [_V16I16, _V16I16])
     sign = None if affine else _declare(module, "llvm.x86.avx2.psign.b", _V32I8, [_V32I8, _V32I8])
     ones = ir.Constant(_V16I16, [1] * 16)
+    x_words = builder.bitcast(xq, _I32.as_pointer())  # an activation block is 8 words of 4 codes
+    words = 4 if affine else 8  # 32-byte weight words per block of a group
 
-    def int_dot(wv, xv):
-        """8 int32 lanes, each the sum of 4 consecutive products of unsigned ``wv`` and signed ``xv`` bytes."""
-        if vnni:
-            zero = ir.Constant(_V8I32, [0] * 8)
-            return builder.call(dpbusd, [zero, builder.bitcast(wv, _V8I32), builder.bitcast(xv, _V8I32)])
-        return builder.call(maddwd, [builder.call(maddubs, [wv, xv]), ones])
-
-    tile = [(r, j) for r in range(n_rows) for j in range(n_t)]
-    accs = {rj: cgutils.alloca_once_value(builder, ir.Constant(_V8F, [0.0] * 8)) for rj in tile}
-    offsets = {rj: cgutils.alloca_once_value(builder, ir.Constant(_F32, 0.0)) for rj in tile}
+    accs = [cgutils.alloca_once_value(builder, ir.Constant(_V8F, [0.0] * 8)) for _ in range(n_t)]
     with cgutils.for_range(builder, nb) as loop:
         b = loop.index
-        x_codes, x_scale, x_sum = [], [], []
-        for j in range(n_t):  # activation row t + j's block b
-            xb = builder.add(builder.mul(builder.add(t, ir.Constant(intp, j)), nb), b)
-            x_codes.append(_load(builder, xq, builder.mul(xb, ir.Constant(intp, 32)), _V32I8))
-            x_scale.append(builder.load(builder.gep(xd, [xb])))
-            x_sum.append(builder.load(builder.gep(xs, [xb])) if affine else None)
-        group_block = builder.mul(builder.add(builder.mul(group, nb), b), ir.Constant(intp, n_rows))
-        for r in range(n_rows):
-            rb = builder.add(group_block, ir.Constant(intp, r))  # block b of the group's row r
-            if affine:  # the codes unpacked once, for every activation row of the tile
-                packed = _load(builder, qs, builder.mul(rb, ir.Constant(intp, 16)), _V16I8)
-                low = builder.and_(packed, ir.Constant(_V16I8, [15] * 16))
-                high = builder.lshr(packed, ir.Constant(_V16I8, [4] * 16))
-                wv = builder.shuffle_vector(low, high, ir.Constant(ir.VectorType(_I32, 32), list(range(32))))
-                xvs = x_codes
+        x_block = [builder.add(builder.mul(builder.add(t, const(j)), nb), b) for j in range(n_t)]
+        group_block = builder.add(builder.mul(group, nb), b)
+        ints = [ir.Constant(_V8I32, [0] * 8)] * n_t  # per activation row: the 8 rows' int32 sums
+        shorts = [ir.Constant(_V16I16, [0] * 16)] * n_t  # the AVX2 Q4 branch's int16 pair sums
+        for k in range(words):
+            wv = _load(builder, qs, builder.mul(builder.add(builder.mul(group_block, const(words)), const(k)),
+                                                const(32)), _V32I8)
+            if affine:  # codes 4k..4k+3 of each row in the low nibbles, 16+4k.. in the high ones
+                parts = [(builder.and_(wv, ir.Constant(_V32I8, [15] * 32)), k),
+                         (builder.lshr(wv, ir.Constant(_V32I8, [4] * 32)), 4 + k)]
             else:
-                codes = _load(builder, qs, builder.mul(rb, ir.Constant(intp, 32)), _V32I8)
-                wv = builder.call(sign, [codes, codes])  # |w|, read as unsigned bytes
-                xvs = [builder.call(sign, [xc, codes]) for xc in x_codes]  # x * sign(w)
-            w_scale = builder.load(builder.gep(d, [rb]))
-            w_offset = builder.load(builder.gep(m, [rb])) if affine else None
+                parts = [(builder.call(sign, [wv, wv]), k)]  # |w|, read as unsigned bytes
             for j in range(n_t):
-                acc = accs[r, j]
-                sums = builder.sitofp(int_dot(wv, xvs[j]), _V8F)
-                scale = builder.fmul(w_scale, x_scale[j])
-                builder.store(builder.call(fma, [sums, _splat8(builder, scale), builder.load(acc)]), acc)
-                if affine:
-                    term = builder.fmul(w_offset, x_sum[j])
-                    builder.store(builder.fadd(builder.load(offsets[r, j]), term), offsets[r, j])
-    first_row = builder.mul(group, ir.Constant(intp, n_rows))
-    for r, j in tile:
-        total = _hsum(builder, builder.load(accs[r, j]), builder.load(offsets[r, j]))
-        at = builder.add(builder.mul(builder.add(t, ir.Constant(intp, j)), out_cols), first_row)
-        builder.store(total, builder.gep(out, [builder.add(at, ir.Constant(intp, r))]))
+                for w_part, word in parts:
+                    at = builder.add(builder.mul(x_block[j], const(8)), const(word))
+                    xv = builder.bitcast(_splat(builder, builder.load(builder.gep(x_words, [at]), align=1), _V8I32),
+                                         _V32I8)
+                    if not affine:
+                        xv = builder.call(sign, [xv, wv])  # x * sign(w)
+                    if vnni:
+                        ints[j] = builder.call(dpbusd, [ints[j], builder.bitcast(w_part, _V8I32),
+                                                        builder.bitcast(xv, _V8I32)])
+                    elif affine:
+                        shorts[j] = builder.add(shorts[j], builder.call(maddubs, [w_part, xv]))
+                    else:
+                        pairs = builder.call(maddubs, [w_part, xv])
+                        ints[j] = builder.add(ints[j], builder.call(maddwd, [pairs, ones]))
+        w_scale = _load(builder, d, builder.mul(group_block, const(GROUP_ROWS)), _V8F)
+        w_offset = _load(builder, m, builder.mul(group_block, const(GROUP_ROWS)), _V8F) if affine else None
+        for j in range(n_t):
+            sums = ints[j] if vnni or not affine else builder.call(maddwd, [shorts[j], ones])
+            x_scale = _splat(builder, builder.load(builder.gep(xd, [x_block[j]])), _V8F)
+            acc = builder.call(fma, [builder.sitofp(sums, _V8F), builder.fmul(w_scale, x_scale),
+                                     builder.load(accs[j])])
+            if affine:
+                x_sum = _splat(builder, builder.load(builder.gep(xs, [x_block[j]])), _V8F)
+                acc = builder.call(fma, [w_offset, x_sum, acc])
+            builder.store(acc, accs[j])
+    first_row = builder.mul(group, const(GROUP_ROWS))
+    for j in range(n_t):
+        at = builder.add(builder.mul(builder.add(t, const(j)), out_cols), first_row)
+        builder.store(builder.load(accs[j]), builder.bitcast(builder.gep(out, [at]), _V8F.as_pointer()), align=1)
 
 
 def _check_arrays(*arrays) -> None:
@@ -228,11 +237,11 @@ def _check_arrays(*arrays) -> None:
             raise TypingError(f"the int8 row dot products read C-contiguous 2-D arrays; got {a}")
 
 
-def _rows_intrinsic(affine: bool, n_rows: int, n_t: int):
-    """An ``@intrinsic`` storing ``out[t:t + n_t, g * n_rows:(g + 1) * n_rows]``: group ``g`` of the
-    weight's rows against rows ``t`` to ``t + n_t - 1`` of the activations. Which instructions it
-    emits is decided when a kernel calling it is compiled, for the target Numba compiles for
-    (:func:`int8_instructions`)."""
+def _rows_intrinsic(affine: bool, n_t: int):
+    """An ``@intrinsic`` storing ``out[t:t + n_t, g * GROUP_ROWS:(g + 1) * GROUP_ROWS]``: group ``g``
+    of the weight's rows against rows ``t`` to ``t + n_t - 1`` of the activations. Which
+    instructions it emits is decided when a kernel calling it is compiled, for the target Numba
+    compiles for (:func:`int8_instructions`)."""
     if affine:
         def typer(typingctx, qs, d, m, xq, xd, xs, out, group, t):
             _check_arrays(qs, d, m, xq, xd, xs, out)
@@ -243,21 +252,17 @@ def _rows_intrinsic(affine: bool, n_rows: int, n_t: int):
             return types.void(qs, d, xq, xd, out, group, t), codegen
 
     def codegen(context, builder, signature, args):
-        _rows_dot(context, builder, signature, args, affine, n_rows, int8_instructions() == "avx512-vnni", n_t)
+        _rows_dot(context, builder, signature, args, affine, int8_instructions() == "avx512-vnni", n_t)
         return context.get_dummy_value()
 
-    typer.__name__ = f"{'q4' if affine else 'q8'}_rows_dot_{n_rows}x{n_t}"
+    typer.__name__ = f"{'q4' if affine else 'q8'}_rows_dot_{GROUP_ROWS}x{n_t}"
     return intrinsic(typer)
 
 
-#: rows of a group (:class:`Int8Rows`), taken together: one activation block loaded for all four
-GROUP_ROWS = 4
-#: activation rows taken together: each unpacked weight block serves both (8 accumulators in flight)
-PAIR = 2
-q4_rows_dot = _rows_intrinsic(affine=True, n_rows=GROUP_ROWS, n_t=1)
-q4_rows_dot_pair = _rows_intrinsic(affine=True, n_rows=GROUP_ROWS, n_t=PAIR)
-q8_rows_dot = _rows_intrinsic(affine=False, n_rows=GROUP_ROWS, n_t=1)
-q8_rows_dot_pair = _rows_intrinsic(affine=False, n_rows=GROUP_ROWS, n_t=PAIR)
+q4_rows_dot = _rows_intrinsic(affine=True, n_t=1)
+q4_rows_dot_x4 = _rows_intrinsic(affine=True, n_t=X_ROWS)
+q8_rows_dot = _rows_intrinsic(affine=False, n_t=1)
+q8_rows_dot_x4 = _rows_intrinsic(affine=False, n_t=X_ROWS)
 
 
 def int8_unavailable() -> str | None:
@@ -281,8 +286,57 @@ def int8_instructions() -> str:
 
 
 @njit(cache=True)
-def quantize_q8_1(x):
-    """``x [T, cols]`` float32 -> ``(xq int8 [T, cols], xd [T, nb], xs [T, nb])``, Q8_1 per 32 values.
+def _quantize_row(x, t, xq, xd, xs):
+    """Row ``t`` of ``x`` into row ``t`` of ``xq``, ``xd``, ``xs`` (see :func:`quantize_q8_1`)."""
+    bits = x.view(np.uint32)
+    word = np.empty(1, np.uint32)  # a float32's bits, read back as the float32
+    as_float = word.view(np.float32)
+    for b in range(x.shape[1] // 32):
+        # max|x| on the bits: with the sign bit cleared, float32 order is integer order, and
+        # NaN's and infinity's bit patterns lie above every finite one, so they win the max
+        top = np.uint32(0)
+        for j in range(32):
+            v = bits[t, 32 * b + j] & np.uint32(0x7FFFFFFF)
+            top = v if v > top else top
+        word[0] = top
+        d = as_float[0] / np.float32(127)
+        xd[t, b] = d
+        if not d < np.float32(np.inf):  # a NaN or an infinity: it is the scale, the codes are zeros
+            for j in range(32):
+                xq[t, 32 * b + j] = 0
+            xs[t, b] = d
+            continue
+        inv = np.float32(1) / d if d > 0 else np.float32(0)
+        total = 0
+        for j in range(32):
+            v = x[t, 32 * b + j] * inv
+            q = np.int32(np.floor(np.abs(v) + np.float32(0.5)))
+            q = -q if v < 0 else q
+            xq[t, 32 * b + j] = q
+            total += q
+        xs[t, b] = d * np.float32(total)
+
+
+@njit(cache=True)
+def _quantize_serial(x, xq, xd, xs):
+    for t in range(x.shape[0]):
+        _quantize_row(x, t, xq, xd, xs)
+
+
+@njit(parallel=True, cache=True)
+def _quantize_parallel(x, xq, xd, xs):
+    for t in prange(x.shape[0]):
+        _quantize_row(x, t, xq, xd, xs)
+
+
+#: from this many rows on, the activations are quantised on Numba's threads (a row each);
+#: fewer cost less than waking the pool
+PARALLEL_QUANTIZE_ROWS = 4
+
+
+def quantize_q8_1(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``x [T, cols]`` float32 (C-contiguous) -> ``(xq int8 [T, cols], xd [T, nb], xs [T, nb])``,
+    Q8_1 per 32 values.
 
     ``d = max|x| / 127``, ``q = round(x / d)`` with halves away from zero
     (``floor(|v| + 0.5)`` with the sign of ``v``, as the GPU kernel
@@ -294,29 +348,10 @@ def quantize_q8_1(x):
     be rounded into int8 codes.
     """
     t_count, cols = x.shape
-    nb = cols // 32
     xq = np.empty((t_count, cols), np.int8)
-    xd = np.empty((t_count, nb), np.float32)
-    xs = np.empty((t_count, nb), np.float32)
-    for t in range(t_count):
-        for b in range(nb):
-            amax = np.float32(0)
-            for j in range(32):
-                a = abs(x[t, 32 * b + j])
-                if a > amax or a != a:  # not max(): a NaN must win (and stay), to reach the products
-                    amax = a
-            d = amax / np.float32(127)
-            inv = np.float32(1) / d if d > 0 else np.float32(0)
-            total = 0
-            for j in range(32):
-                v = x[t, 32 * b + j] * inv
-                q = np.int32(np.floor(abs(v) + np.float32(0.5)))
-                if v < 0:
-                    q = -q
-                xq[t, 32 * b + j] = q
-                total += q
-            xd[t, b] = d
-            xs[t, b] = d * np.float32(total)
+    xd = np.empty((t_count, cols // 32), np.float32)
+    xs = np.empty((t_count, cols // 32), np.float32)
+    (_quantize_parallel if t_count >= PARALLEL_QUANTIZE_ROWS else _quantize_serial)(x, xq, xd, xs)
     return xq, xd, xs
 
 
@@ -324,17 +359,20 @@ def quantize_q8_1(x):
 class Int8Rows:
     """A weight matrix ``[rows, cols]`` for the int8 kernels: its rows in groups of :data:`GROUP_ROWS`.
 
-    Within a group, block ``b`` of each of its rows comes before block ``b + 1`` of any, so
-    the kernel that takes a group's rows together reads one sequential stream (four rows
-    read row by row would be four streams, which a decode step, bound by memory, pays for:
-    measured 1.2 to 2 times slower). ``groups = ceil(rows / GROUP_ROWS)``; the last group's
+    Within a group, block ``b`` of all eight rows comes before block ``b + 1``, so a group is
+    one sequential stream (decode, bound by memory, pays for several streams). Within a
+    block the codes come in 32-byte words: word ``k`` holds four code bytes of each row,
+    row 0's first (``[row, 4 bytes]``), so that an integer dot product leaves each row's sum
+    in a 32-bit lane of its own. ``groups = ceil(rows / GROUP_ROWS)``; the last group's
     missing rows are zeros.
 
-    ``kind`` ``"q4"``: ``qs`` uint8 ``[groups, nb * GROUP_ROWS * 16]`` (a block's 16 bytes:
-    byte ``j`` holds codes ``j`` and ``j + 16`` in its low and high nibble, GGUF's order),
-    ``d``, ``m`` float32 ``[groups, nb * GROUP_ROWS]`` (``w = d q + m``). ``kind`` ``"q8"``:
-    ``qs`` int8 ``[groups, nb * GROUP_ROWS * 32]``, ``d`` as above (``w = d q``), ``m`` empty
-    ``[0, 0]``. :meth:`row_major` gives the codes and scales back as ``[rows, ...]``.
+    ``kind`` ``"q4"``: ``qs`` uint8 ``[groups, nb * 4 * 32]``, word ``k`` of a block holding
+    bytes ``4k..4k+3`` of each row's 16 (byte ``j`` holds codes ``j`` and ``j + 16`` in its
+    low and high nibble, GGUF's order); ``d``, ``m`` float32 ``[groups, nb * GROUP_ROWS]``, the
+    block's eight rows side by side (``w = d q + m``). ``kind`` ``"q8"``: ``qs`` int8
+    ``[groups, nb * 8 * 32]``, word ``k`` holding codes ``4k..4k+3`` of each row; ``d`` as
+    above (``w = d q``), ``m`` empty ``[0, 0]``. :meth:`row_major` gives the codes and scales
+    back as ``[rows, ...]``.
     """
 
     kind: str
@@ -360,24 +398,41 @@ class Int8Rows:
     def row_major(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``(qs [rows, nb * bytes per block], d [rows, nb], m [rows, nb] or empty)``: the rows one by one."""
         nb = self.cols // BLOCK
+        groups = self.qs.shape[0]
+        codes = self.qs.reshape(groups, nb, -1, GROUP_ROWS, 4).transpose(0, 3, 1, 2, 4)
+        qs = codes.reshape(groups * GROUP_ROWS, -1)[: self.rows]
 
-        def rows_first(a: np.ndarray) -> np.ndarray:
-            per_block = a.shape[1] // (nb * GROUP_ROWS)
-            grouped = a.reshape(a.shape[0], nb, GROUP_ROWS, per_block).transpose(0, 2, 1, 3)
-            return grouped.reshape(-1, nb * per_block)[: self.rows]
+        def scales(a: np.ndarray) -> np.ndarray:
+            return a.reshape(groups, nb, GROUP_ROWS).transpose(0, 2, 1).reshape(-1, nb)[: self.rows]
 
-        m = rows_first(self.m) if self.kind == "q4" else self.m
-        return rows_first(self.qs), rows_first(self.d), m
+        return qs, scales(self.d), scales(self.m) if self.kind == "q4" else self.m
 
 
-def _grouped(a: np.ndarray, rows: int) -> np.ndarray:
-    """Interleaved ``[G, nb, ..., LANES]`` -> ``[ceil(rows / GROUP_ROWS), nb * GROUP_ROWS * ...]``
-    (rows in groups, each group block by block; padding rows past the last group dropped)."""
+def _rows_first(a: np.ndarray, rows: int) -> np.ndarray:
+    """Interleaved ``[G, nb, per block, LANES]`` -> ``[groups * GROUP_ROWS, nb, per block]``, the rows
+    one by one, zero rows after the last up to a whole group (padding rows past it dropped)."""
     nb = a.shape[1]
-    rows_first = np.moveaxis(a, -1, 1).reshape(a.shape[0] * LANES, nb, -1)  # [G * LANES, nb, per block]
-    groups = -(-rows // GROUP_ROWS)
-    grouped = rows_first[: groups * GROUP_ROWS].reshape(groups, GROUP_ROWS, nb, -1).transpose(0, 2, 1, 3)
-    return np.ascontiguousarray(grouped.reshape(groups, -1))
+    out = np.moveaxis(a, -1, 1).reshape(a.shape[0] * LANES, nb, -1)
+    need = -(-rows // GROUP_ROWS) * GROUP_ROWS
+    if out.shape[0] < need:
+        out = np.concatenate([out, np.zeros((need - out.shape[0], *out.shape[1:]), out.dtype)])
+    return out[:need]
+
+
+def _grouped_codes(qs: np.ndarray, rows: int) -> np.ndarray:
+    """Interleaved codes ``[G, nb, bytes per block, LANES]`` -> ``[groups, nb * bytes per block * GROUP_ROWS]``:
+    per group and block, words of four bytes of each of the group's rows."""
+    codes = _rows_first(qs, rows)
+    groups, nb, per_block = codes.shape[0] // GROUP_ROWS, codes.shape[1], codes.shape[2]
+    words = codes.reshape(groups, GROUP_ROWS, nb, per_block // 4, 4).transpose(0, 2, 3, 1, 4)
+    return np.ascontiguousarray(words.reshape(groups, -1))
+
+
+def _grouped_scales(a: np.ndarray, rows: int) -> np.ndarray:
+    """Interleaved scales ``[G, nb, LANES]`` -> ``[groups, nb * GROUP_ROWS]``: per block the group's rows."""
+    s = _rows_first(a[:, :, None, :], rows)[:, :, 0]
+    groups, nb = s.shape[0] // GROUP_ROWS, s.shape[1]
+    return np.ascontiguousarray(s.reshape(groups, GROUP_ROWS, nb).transpose(0, 2, 1).reshape(groups, -1))
 
 
 def int8_rows(w: PackedMatrix) -> Int8Rows | None:
@@ -387,9 +442,10 @@ def int8_rows(w: PackedMatrix) -> Int8Rows | None:
     (Q8_0); Q6_K's 16-weight blocks and float matrices stay on the float kernels.
     """
     if w.kind == "q4":
-        return Int8Rows("q4", w.rows, w.cols, _grouped(w.qs, w.rows), _grouped(w.d, w.rows), _grouped(w.m, w.rows))
+        return Int8Rows("q4", w.rows, w.cols, _grouped_codes(w.qs, w.rows), _grouped_scales(w.d, w.rows),
+                        _grouped_scales(w.m, w.rows))
     if w.kind == "q8" and w.qs.shape[2] == BLOCK:
-        return Int8Rows("q8", w.rows, w.cols, _grouped(w.qs, w.rows), _grouped(w.d, w.rows),
+        return Int8Rows("q8", w.rows, w.cols, _grouped_codes(w.qs, w.rows), _grouped_scales(w.d, w.rows),
                         np.zeros((0, 0), np.float32))
     return None
 
@@ -406,10 +462,10 @@ def q4_int8_matmul(qs, d, m, xq, xd, xs):
     against every row of Q8_1 activations.
 
     The work is cut into (chunk of :data:`CHUNK_ROWS` activation rows, group of weight rows)
-    pieces, split across threads; a piece takes its group against each of the chunk's
-    activation rows in turn, so the group's bytes come from memory once per chunk and from
-    L1 for the other rows (two at a time, :data:`PAIR`: each unpacked weight block serves both),
-    and the chunk's activations stay in L1.
+    pieces, split across threads; a piece takes its group against the chunk's activation
+    rows four at a time (:data:`X_ROWS`: each loaded weight word serves all four), then the
+    rest one by one, so the group's bytes come from memory once per chunk and from L1 for
+    the other rows, and the chunk's activations stay in L1.
     """
     groups, t_count = qs.shape[0], xq.shape[0]
     out = np.empty((t_count, groups * GROUP_ROWS), np.float32)
@@ -417,11 +473,12 @@ def q4_int8_matmul(qs, d, m, xq, xd, xs):
     for piece in prange(chunks * groups):
         chunk, g = piece // groups, piece % groups
         t, stop = chunk * CHUNK_ROWS, min(t_count, (chunk + 1) * CHUNK_ROWS)
-        while t + PAIR <= stop:
-            q4_rows_dot_pair(qs, d, m, xq, xd, xs, out, g, t)
-            t += PAIR
-        if t < stop:
+        while t + X_ROWS <= stop:
+            q4_rows_dot_x4(qs, d, m, xq, xd, xs, out, g, t)
+            t += X_ROWS
+        while t < stop:
             q4_rows_dot(qs, d, m, xq, xd, xs, out, g, t)
+            t += 1
     return out
 
 
@@ -434,11 +491,12 @@ def q8_int8_matmul(qs, d, xq, xd):
     for piece in prange(chunks * groups):
         chunk, g = piece // groups, piece % groups
         t, stop = chunk * CHUNK_ROWS, min(t_count, (chunk + 1) * CHUNK_ROWS)
-        while t + PAIR <= stop:
-            q8_rows_dot_pair(qs, d, xq, xd, out, g, t)
-            t += PAIR
-        if t < stop:
+        while t + X_ROWS <= stop:
+            q8_rows_dot_x4(qs, d, xq, xd, out, g, t)
+            t += X_ROWS
+        while t < stop:
             q8_rows_dot(qs, d, xq, xd, out, g, t)
+            t += 1
     return out
 
 
@@ -458,5 +516,5 @@ def matmul_int8(x: np.ndarray, w: Int8Rows) -> np.ndarray:
     return out if out.shape[1] == w.rows else out[:, : w.rows]
 
 
-__all__ = ["GROUP_ROWS", "Int8Rows", "int8_instructions", "int8_rows", "int8_unavailable", "matmul_int8", "q4_int8_matmul", "q8_int8_matmul",
+__all__ = ["GROUP_ROWS", "X_ROWS", "Int8Rows", "int8_instructions", "int8_rows", "int8_unavailable", "matmul_int8", "q4_int8_matmul", "q8_int8_matmul",
            "quantize_q8_1"]
