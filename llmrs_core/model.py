@@ -30,6 +30,7 @@ from .distributed.plan import SingleProcess, StepPlan
 from .formats.source import WeightSource
 from .kv_cache.base import KVCache
 from .kv_cache.checks import checked_advance, checked_positions, checked_view
+from .kv_cache.paged import decode_group, reserve_decode, write_decode
 
 
 @dataclass
@@ -173,7 +174,10 @@ class LlamaModel:
         prefill chunk or one decode token) and its cache. All the tokens go
         through the weight matrices together — ``[sum of T, d]`` — so each
         weight is read once per step, not once per sequence; attention runs
-        per sequence over its own cache. Returns each sequence's logits:
+        per sequence over its own cache, except that the decode tokens of
+        sequences in the engine's own paged pool (``kv_cache.paged.decode_group``)
+        are written and attended in one backend call per layer
+        (:meth:`Backend.paged_decode_attention`). Returns each sequence's logits:
         ``[1, vocab]`` (its last token) with ``last_only``, else ``[T, vocab]``.
         """
         c, b = self.config, self.backend
@@ -195,6 +199,16 @@ class LlamaModel:
         unrotated = [cache.stores_unrotated_keys for cache in caches]
         n = int(bounds[-1])
         b.begin_step(n, tuple(sizes))
+        # Decode tokens in the engine's own paged pool are written and attended together:
+        # one backend call per layer for all of them, not a gather and a call per sequence.
+        group = decode_group(caches, sizes)
+        together: list[int] = []
+        if group is not None:
+            pool, together = group
+            together = [j for j in together if not unrotated[j]]
+            slots = reserve_decode(pool, [caches[j].seq for j in together]) if together else None
+            rows = bounds[together]  # each such sequence's one row of the step
+        apart = sorted(set(range(len(batch))) - set(together))
         p = self.plan  # the identity in one process; collectives in a distributed one
         x = p.embed(b, self.token_embd, np.concatenate(all_ids))
         for i, layer in enumerate(self.layers):
@@ -205,15 +219,26 @@ class LlamaModel:
             k_all = k_all.reshape(n, c.n_kv_heads, c.head_dim)
             k_rot = b.rope(k_all, all_positions, c.rope_theta) if not all(unrotated) else k_all
             v_all = v_all.reshape(n, c.n_kv_heads, c.head_dim)
-            outs = []
-            for j, (cache, t) in enumerate(zip(caches, sizes)):
+            outs: list = [None] * len(batch)
+            if together:
+                write_decode(pool, i, slots, k_rot[rows], v_all[rows])
+                attended = b.paged_decode_attention(q_all[rows], pool.k[i], pool.v[i], slots.tables, slots.lengths)
+                attended = attended.reshape(len(together), c.n_heads * c.head_dim)
+                for row, j in enumerate(together):
+                    outs[j] = attended[row:row + 1]
+            for j in apart:
+                cache, t = caches[j], sizes[j]
                 lo, hi = bounds[j], bounds[j + 1]
                 cache.write(i, (k_all if unrotated[j] else k_rot)[lo:hi], v_all[lo:hi])
                 keys, values = checked_view(cache, i, t, lengths[j], k_all.shape[1], k_all.shape[2])
                 if unrotated[j]:
                     keys = b.rope(keys, cache.key_positions(t), c.rope_theta)
-                outs.append(b.attention(q_all[lo:hi], keys, values).reshape(t, c.n_heads * c.head_dim))
-            x = x + p.reduce(b.matmul(b.xp.concatenate(outs) if len(outs) > 1 else outs[0], layer.wo))
+                outs[j] = b.attention(q_all[lo:hi], keys, values).reshape(t, c.n_heads * c.head_dim)
+            if not apart:  # a decode step: the rows are already in the step's order
+                mixed = attended
+            else:
+                mixed = b.xp.concatenate(outs) if len(outs) > 1 else outs[0]
+            x = x + p.reduce(b.matmul(mixed, layer.wo))
             h = b.rms_norm(x, layer.ffn_norm, c.rms_norm_eps)
             gate, up = b.matmul_many(h, [layer.w_gate, layer.w_up])
             x = x + p.reduce(b.matmul(b.swiglu(gate, up), layer.w_down))

@@ -134,6 +134,25 @@ class Backend(ABC):
     def attention(self, q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
         """Causal GQA attention; queries are the last ``Tq`` of the ``Tk`` positions."""
 
+    def paged_decode_attention(self, q: Any, k_pool: Any, v_pool: Any, tables: np.ndarray,
+                               lengths: np.ndarray) -> Any:
+        """One decode token of each of ``n`` sequences stored in one layer's block pool:
+        ``q [n, Hq, D]``, ``k_pool, v_pool [num_blocks, Hkv, block_size, D]``, ``tables``
+        int64 ``[n, max blocks]`` (sequence ``i``'s position ``p`` is slot ``p % block_size`` of
+        block ``tables[i, p // block_size]``) and ``lengths`` ``[n]`` (positions attended, the
+        new token's included) -> ``[n, Hq, D]``.
+
+        This default gathers each sequence's keys and values and calls :meth:`attention` per
+        sequence; a backend with a kernel that reads the pool in place overrides it.
+        """
+        block_size = k_pool.shape[2]
+        outs = []
+        for i in range(q.shape[0]):
+            positions = np.arange(int(lengths[i]))
+            blocks, offsets = tables[i][positions // block_size], positions % block_size
+            outs.append(self.attention(q[i:i + 1], k_pool[blocks, :, offsets], v_pool[blocks, :, offsets]))
+        return self.xp.concatenate(outs) if len(outs) > 1 else outs[0]
+
     def sampler(self, params: SamplingParams) -> Callable[..., int]:
         """The token chooser for ``params`` (``sampler(logits, history) -> id``)."""
         return Sampler(params)

@@ -227,6 +227,11 @@ class NumbaBackend(Backend):
         finally:
             self.blas.set(1)
 
+    def paged_decode_attention(self, q, k_pool, v_pool, tables, lengths):
+        if self._blas_step:  # no Numba parallel region between BLAS calls (see attention)
+            return super().paged_decode_attention(q, k_pool, v_pool, tables, lengths)
+        return ops.paged_decode_attention(np.ascontiguousarray(q), k_pool, v_pool, tables, lengths)
+
     def describe(self) -> str:
         decode = (f"int8 ({int8_instructions()})" if self.int8_reason is None
                   else f"float kernels ({self.int8_reason})")

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Hashable
+from dataclasses import dataclass
 from types import ModuleType
 
 import numpy as np
@@ -229,6 +230,61 @@ class PagedKVCache:
             "bytes_free": self.allocator.num_free * self.block_bytes,
             "fragmentation": 1 - slots_filled / capacity if capacity else 0.0,
         }
+
+
+@dataclass(frozen=True)
+class DecodeSlots:
+    """One decode step of ``n`` sequences of a :class:`PagedKVCache`: ``tables`` int64
+    ``[n, max blocks]`` (each sequence's block table, padded with zeros), ``lengths`` ``[n]``
+    (positions attended, the new token's included), and the new token's ``blocks`` and
+    ``offsets`` ``[n]``."""
+
+    tables: np.ndarray
+    lengths: np.ndarray
+    blocks: np.ndarray
+    offsets: np.ndarray
+
+
+def decode_group(caches: list[KVCache], sizes: list[int]) -> tuple[PagedKVCache, list[int]] | None:
+    """The sequences of a step that can decode together: ``(pool, their indices)`` for those
+    with one new token that are the engine's own :class:`PagedSequence` of the engine's own
+    :class:`PagedKVCache` (the first such pool's), or None where there are none. A learner's
+    cache (Exercises 5.6, 5.7) goes through its own ``write``/``view``, checked, instead."""
+    pool, members = None, []
+    for j, (cache, t) in enumerate(zip(caches, sizes)):
+        if t != 1 or type(cache) is not PagedSequence or type(cache.cache) is not PagedKVCache:
+            continue
+        if pool is None:
+            pool = cache.cache
+        if cache.cache is pool:
+            members.append(j)
+    return (pool, members) if pool is not None else None
+
+
+# The two steps of a batched decode are functions, not methods: PagedKVCache's methods are the
+# API of Exercise 5.7's class, which the learner writes; these serve the engine's own pool only.
+def reserve_decode(pool: PagedKVCache, seqs: list[Hashable]) -> DecodeSlots:
+    """Room for one more token of each of ``seqs`` (:meth:`PagedKVCache.reserve`), and where it
+    goes: the step's :class:`DecodeSlots`, for :func:`write_decode` and a backend's
+    ``paged_decode_attention``. Lengths move on only with :meth:`PagedKVCache.advance`."""
+    for seq in seqs:
+        pool.reserve(seq, 1)
+    lengths = np.array([pool.lengths[seq] for seq in seqs], dtype=np.int64)
+    tables = np.zeros((len(seqs), max(len(pool.tables[seq]) for seq in seqs)), dtype=np.int64)
+    for i, seq in enumerate(seqs):
+        tables[i, : len(pool.tables[seq])] = pool.tables[seq]
+    blocks = tables[np.arange(len(seqs)), lengths // pool.block_size]
+    shared = [int(b) for b in blocks if pool.allocator.ref_counts[b] != 1]
+    if shared:  # an invariant (reserve copies a shared block first), not a user error
+        raise RuntimeError(f"block {shared[0]} is shared by {pool.allocator.ref_counts[shared[0]]} sequences; "
+                           "not writable")
+    return DecodeSlots(tables, lengths + 1, blocks, lengths % pool.block_size)
+
+
+def write_decode(pool: PagedKVCache, layer: int, slots: DecodeSlots, k: np.ndarray, v: np.ndarray) -> None:
+    """Store each sequence's new token, ``k, v [n, Hkv, D]``, at its slot (after :func:`reserve_decode`)."""
+    pool.k[layer, slots.blocks, :, slots.offsets] = k
+    pool.v[layer, slots.blocks, :, slots.offsets] = v
 
 
 class PagedSequence(KVCache):

@@ -314,14 +314,18 @@ def test_a_request_computes_the_same_numbers_batched_as_alone(tmp_path):
     short sequences batched into a step longer than INT8_ROWS get exactly the logits they get alone
     (an int8 row does not depend on the others, and the step stays on Numba's attention)."""
     import llmrs_core as llmrs
+    from llmrs_core.kernels.cpu import matmul as kmatmul
     from llmrs_core.testing import write_tiny_llama
 
     path = tmp_path / "tiny.gguf"
+    most = kmatmul.INT8_ROWS
     write_tiny_llama(path, weight_type="q4_1", seed=5, hidden_size=64, intermediate_size=128, n_heads=4,
-                     n_kv_heads=2, context_length=256)
+                     n_kv_heads=2, context_length=2 * most)
     net = llmrs.load(path, backend="numba").network
     rng = np.random.default_rng(1)
-    short = [rng.integers(0, 64, n).tolist() for n in (30, 25, 40)]  # 95 tokens together
+    sizes = (most - 10, most // 2 - 7, most)  # each within INT8_ROWS, together longer
+    assert sum(sizes) > most
+    short = [rng.integers(0, 64, n).tolist() for n in sizes]
     alone = [net.forward(ids, net.new_cache(len(ids)), last_only=False) for ids in short]
     batched = net.forward_batch([(ids, net.new_cache(len(ids))) for ids in short], last_only=False)
     for i, (got, want) in enumerate(zip(batched, alone)):

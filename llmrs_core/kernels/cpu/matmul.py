@@ -49,11 +49,11 @@ ROWS_AS_MATVECS = 4
 BAND_ROWS = 4096
 #: up to this many rows of ``x`` go through the int8 kernels, for a matrix that has their copy
 #: (``PackedMatrix.int8``, made by the backend where ``int8.int8_unavailable()`` is None).
-#: Measured on SmolLM2's [1536, 576] Q4_1 matrix, one thread, AVX2 (AMD EPYC): int8 is 1.2 to
-#: 2.4 times faster than the float kernels at every T from 1 to 40. Past that the rival is
-#: BLAS: a whole SmolLM2 prompt of 48 and 64 tokens (2 threads, AVX-512 EPYC) ran at 350-450
-#: tokens/s on the int8 kernels against 225-275 through BLAS, one of 128 at 140-150 against 350.
-INT8_ROWS = 64
+#: Past that the rival is BLAS on dequantised bands. Measured on whole SmolLM2 prompts
+#: (tokens/s, int8 kernels against BLAS; Intel Xeon with AVX-512 VNNI): 2 threads, 64 tokens
+#: 552 vs 189, 128: 514 vs 263, 256: 464 vs 380, 384: 411 vs 388, 512: 355 vs 374; 1 thread,
+#: 128 tokens 286 vs 204, 256: 254 vs 292. 128 keeps the int8 kernels where they won on both.
+INT8_ROWS = 128
 
 _F32 = np.float32
 

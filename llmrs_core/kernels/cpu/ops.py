@@ -70,6 +70,34 @@ def rope(x, cos, sin, interleaved):
     return out
 
 
+@njit(fastmath=True, cache=True, error_model="numpy")
+def _attend(q, t, h, k, v, kh, limit, out):
+    """``out[t, h] =`` softmax-weighted sum of ``v[:limit, kh]`` for query ``q[t, h]`` against
+    ``k[:limit, kh]`` (``k, v [Tk, Hkv, D]``): scores, softmax, weighted sum, in one pass each.
+    Both attention kernels below call this, so they compute the same numbers."""
+    dim = q.shape[2]
+    scale = np.float32(1.0 / math.sqrt(dim))
+    scores = np.empty(limit, np.float32)
+    best = np.float32(-np.inf)
+    for s in range(limit):
+        acc = np.float32(0)
+        for e in range(dim):
+            acc += q[t, h, e] * k[s, kh, e]
+        acc *= scale
+        scores[s] = acc
+        best = max(best, acc)
+    total = np.float32(0)
+    for s in range(limit):
+        p = np.exp(scores[s] - best)
+        scores[s] = p
+        total += p
+    inv = np.float32(1) / total
+    for s in range(limit):
+        p = scores[s] * inv
+        for e in range(dim):
+            out[t, h, e] += p * v[s, kh, e]
+
+
 @njit(parallel=True, fastmath=True, cache=True, error_model="numpy")  # see rms_norm
 def attention(q, k, v):
     """Causal GQA attention: ``q [Tq, Hq, D]``, ``k, v [Tk, Hkv, D]`` -> ``[Tq, Hq, D]``.
@@ -83,31 +111,41 @@ def attention(q, k, v):
     tq, hq, dim = q.shape
     tk, hkv = k.shape[0], k.shape[1]
     group = hq // hkv
-    scale = np.float32(1.0 / math.sqrt(dim))
     out = np.zeros((tq, hq, dim), np.float32)
     for pair in prange(tq * hq):
         t, h = pair // hq, pair % hq
-        kh = h // group
-        limit = tk - tq + t + 1
-        scores = np.empty(limit, np.float32)
-        best = np.float32(-np.inf)
-        for s in range(limit):
-            acc = np.float32(0)
+        _attend(q, t, h, k, v, h // group, tk - tq + t + 1, out)
+    return out
+
+
+@njit(parallel=True, fastmath=True, cache=True, error_model="numpy")
+def paged_decode_attention(q, k_pool, v_pool, tables, lengths):
+    """One decode token per sequence, its keys and values read from a block pool in place:
+    ``q [n, Hq, D]``, ``k_pool, v_pool [num_blocks, Hkv, block_size, D]`` (one layer's),
+    ``tables`` int64 ``[n, max blocks]``, ``lengths`` int64 ``[n]`` -> ``[n, Hq, D]``.
+
+    One parallel loop over (sequence, KV head) pairs for the whole batch, instead of a
+    gather and a kernel call per sequence from Python: each pair copies its head's keys and
+    values into a contiguous scratch (``[length, 1, D]``, in L1/L2) and its query heads attend
+    there through :func:`_attend`, the same code as :func:`attention`, so a sequence's
+    numbers are the contiguous cache's.
+    """
+    n, hq, dim = q.shape
+    hkv, block_size = k_pool.shape[1], k_pool.shape[2]
+    group = hq // hkv
+    out = np.zeros((n, hq, dim), np.float32)
+    for pair in prange(n * hkv):
+        i, kh = pair // hkv, pair % hkv
+        length = lengths[i]
+        k = np.empty((length, 1, dim), np.float32)
+        v = np.empty((length, 1, dim), np.float32)
+        for s in range(length):
+            block, slot = tables[i, s // block_size], s % block_size
             for e in range(dim):
-                acc += q[t, h, e] * k[s, kh, e]
-            acc *= scale
-            scores[s] = acc
-            best = max(best, acc)
-        total = np.float32(0)
-        for s in range(limit):
-            p = np.exp(scores[s] - best)
-            scores[s] = p
-            total += p
-        inv = np.float32(1) / total
-        for s in range(limit):
-            p = scores[s] * inv
-            for e in range(dim):
-                out[t, h, e] += p * v[s, kh, e]
+                k[s, 0, e] = k_pool[block, kh, slot, e]
+                v[s, 0, e] = v_pool[block, kh, slot, e]
+        for h in range(kh * group, (kh + 1) * group):
+            _attend(q, i, h, k, v, 0, length, out)
     return out
 
 
@@ -142,4 +180,4 @@ def attention_prefill(q: np.ndarray, k: np.ndarray, v: np.ndarray, chunk: int = 
     return out.transpose(2, 0, 1, 3).reshape(tq, hq, dim)
 
 
-__all__ = ["attention", "attention_prefill", "rms_norm", "rope", "rope_tables"]
+__all__ = ["attention", "attention_prefill", "paged_decode_attention", "rms_norm", "rope", "rope_tables"]
