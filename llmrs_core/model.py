@@ -30,7 +30,7 @@ from .distributed.plan import SingleProcess, StepPlan
 from .formats.source import WeightSource
 from .kv_cache.base import KVCache
 from .kv_cache.checks import checked_advance, checked_positions, checked_view
-from .kv_cache.paged import decode_group, reserve_decode, write_decode
+from .kv_cache.paged import PagedKVCache, decode_group, reserve_decode, write_decode
 
 
 @dataclass
@@ -148,6 +148,9 @@ class LlamaModel:
         start = time.perf_counter()
         for n in self.backend.warm_up_sizes:
             self.forward(np.zeros(n, dtype=np.int64), last_only=True)
+        if self.backend.warm_up_sizes:  # and a decode token in the engine's paged pool (its own kernel)
+            pool = PagedKVCache(self.config, num_blocks=1, block_size=1, xp=self.backend.xp)
+            self.forward([0], pool.sequence(0), last_only=True)
         return time.perf_counter() - start if self.backend.warm_up_sizes else 0.0
 
     def forward(
@@ -235,10 +238,10 @@ class LlamaModel:
                     keys = b.rope(keys, cache.key_positions(t), c.rope_theta)
                 outs[j] = b.attention(q_all[lo:hi], keys, values).reshape(t, c.n_heads * c.head_dim)
             if not apart:  # a decode step: the rows are already in the step's order
-                mixed = attended
+                attention_out = attended
             else:
-                mixed = b.xp.concatenate(outs) if len(outs) > 1 else outs[0]
-            x = x + p.reduce(b.matmul(mixed, layer.wo))
+                attention_out = b.xp.concatenate(outs) if len(outs) > 1 else outs[0]
+            x = x + p.reduce(b.matmul(attention_out, layer.wo))
             h = b.rms_norm(x, layer.ffn_norm, c.rms_norm_eps)
             gate, up = b.matmul_many(h, [layer.w_gate, layer.w_up])
             x = x + p.reduce(b.matmul(b.swiglu(gate, up), layer.w_down))
