@@ -19,7 +19,8 @@ The kernels read a copy of each matrix of their own (:class:`Int8Rows`, made
 from a :class:`~.packing.PackedMatrix` at load): rows in groups of eight,
 and within a group's block, four code bytes of row 0, four of row 1, ...,
 four of row 7, then the next four of each. One 32-byte load then holds four
-codes of each of eight rows, a broadcast puts the activation's matching four
+codes of each of eight rows (a Q4 load eight: four in the low nibbles, the four
+16 places on in the high ones), a broadcast puts the activation's matching four
 codes in every 32-bit lane, and one integer dot product leaves each row's sum
 in a lane of its own: per block one int32 vector holds the eight rows' exact
 sums, converted, scaled and accumulated with vector operations (llama.cpp's
@@ -27,8 +28,9 @@ repacked ``q4_0_8x8`` kernels work this way). A group is one sequential stream. 
 interleaved layout the float kernels read puts 32 *rows* side by side,
 code by code, which suits float lanes but not byte products. The copy takes
 24 bytes per 32 weights in the Q4 form (16 of codes, float32 ``d`` and
-``m``) and 36 for Q8_0, as much again as the interleaved layout; decode
-reads only the copy, prompt processing only the interleaved one.
+``m``) and 36 for Q8_0, as much again as the interleaved layout; steps of up
+to ``matmul.INT8_ROWS`` tokens (decode, short prompts) read only the copy,
+longer prompts only the interleaved one.
 
 :func:`int8_unavailable` is the dispatch: the int8 kernels exist only for
 x86-64 targets with AVX2, and are compiled only when it returns None;
