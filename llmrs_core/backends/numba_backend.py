@@ -7,17 +7,32 @@ the 4- and 8-bit codes (``kernels.cpu.matmul``); prompt processing
 dequantises a band of rows at a time and lets BLAS multiply. The small
 operations are single-pass Numba kernels (``kernels.cpu.ops``).
 
-Int8 decode: where Numba's target has AVX2 (``kernels.cpu.int8.int8_unavailable``),
-steps of up to ``kernels.cpu.matmul.INT8_ROWS`` tokens quantise the activations to 8 bits
-and take integer dot products, as llama.cpp does (``kernels.cpu.int8``: AVX-512 VNNI's
-``vpdpbusd`` where the target declares it, AVX2's ``vpmaddubsw``/``vpmaddwd`` otherwise);
-each Q4/Q8_0 matrix then also keeps a copy grouped for those kernels (SmolLM2: 112 MB
-more, 80 of them for the Q4_1 matrices). The int8 path agrees with llama.cpp (greedy
-tokens by the top-5 rule of its golden test), not with the NumPy backend to float32
-rounding; ``exact=True`` (``--exact``) keeps every product on the float kernels, which do.
-Which rows take the int8 kernels is decided per sequence, by its own share of the step
-(:meth:`NumbaBackend.begin_step`), so a request batched with others computes the numbers
-it computes alone.
+Int8 path (the default where Numba's target has AVX2, ``kernels.cpu.int8.int8_unavailable``):
+every product of a matrix with an int8 copy (Q4_0, Q4_1, Q4_K, Q8_0) quantises the
+activations to 8 bits and takes integer dot products, as llama.cpp does
+(``kernels.cpu.int8``: AVX-512 VNNI's ``vpdpbusd`` where the target declares it, AVX2's
+``vpmaddubsw``/``vpmaddwd`` otherwise), in decode steps and prompts of any length alike;
+each such matrix keeps a copy grouped for those kernels (SmolLM2: 112 MB more, 80 of them
+for the Q4_1 matrices). It agrees with llama.cpp (greedy tokens by the top-5 rule of its
+golden test), not with the NumPy backend to float32 rounding; ``exact=True`` (``--exact``)
+keeps every product on the float kernels, which do.
+
+Batch invariance, the int8 path's contract: a token's numbers depend only on its own
+sequence and position, never on the step that computes them. Every kernel of the path
+computes each row (each query, for attention) alone — the int8 products, RMSNorm, RoPE,
+SwiGLU and :func:`kernels.cpu.ops.attention`/``paged_decode_attention``, which share one
+per-query routine — so the same request gives the same greedy tokens cold or through the
+prefix cache, alone or batched, in one prefill or in chunks, before or after a preemption
+(tests/core/test_batch_invariance.py). No step goes through BLAS on this path: a BLAS
+product's rows, and NumPy's attention over a long prompt, change with the step's shape.
+A Q4/Q8 matrix without an int8 copy (Q6_K's 16-weight blocks) takes the float kernel that
+is row-by-row too (``kmatmul.matmul_rowwise``); a float32 matrix is multiplied by BLAS,
+which keeps invariance to float32 rounding only. The cost, measured in the README
+(prompt processing on int8 instead of BLAS): see ``llmrs bench speed``.
+
+The exact path chooses by step size instead — the float Numba kernels up to
+``kmatmul.SMALL_BATCH`` rows, BLAS above — and so is reproducible run to run but equal
+across batch shapes only to float32 rounding.
 
 Threads: ``threads`` (default: every core Numba may use) sets Numba's pool;
 BLAS is given the same number only around the prompt-processing products
@@ -76,35 +91,23 @@ class NumbaBackend(Backend):
         self.threads = set_threads(threads)
         #: why decode runs on the float kernels, or None when it runs on the int8 ones
         self.int8_reason = "exact=True" if exact else int8_unavailable()
-        #: steps of up to this many tokens stay in Numba's kernels (products and attention);
-        #: longer ones multiply through BLAS
-        self.numba_rows = kmatmul.SMALL_BATCH if self.int8_reason else kmatmul.INT8_ROWS
-        #: one decode token, the longest step on Numba's kernels, the shortest through BLAS
-        self.warm_up_sizes = (1, self.numba_rows, self.numba_rows + 1)
+        #: on the exact path, steps of up to this many tokens stay in Numba's kernels (products
+        #: and attention) and longer ones go through BLAS; the int8 path never uses BLAS
+        self.numba_rows = kmatmul.SMALL_BATCH
+        #: one decode token; on the exact path also the longest step on Numba's kernels and the
+        #: shortest through BLAS; on the int8 path a chunk of prompt rows (the rows-of-four loop)
+        self.warm_up_sizes = (1, self.numba_rows, self.numba_rows + 1) if self.int8_reason else (1, 5)
         self.blas = BlasThreads()
         self.blas.set(1)
         self._freqs: dict[tuple[int, float], np.ndarray] = {}
         self._scratch = np.empty(0, np.float32)  # dequantised band for BLAS, reused across calls
         self._blas_step = False  # set by begin_step: this step's products go through BLAS
-        self._step_tokens = 0  # set by begin_step: the step's rows
-        self._int8_rows = None  # set by begin_step: in a BLAS step, the rows that stay on int8
 
     def begin_step(self, n_tokens: int, sizes: tuple[int, ...] = ()) -> None:
         # The step decides the mode of all of it: its products (see matmul) and its attention,
-        # which must not start Numba threads between BLAS calls.
-        self._step_tokens = n_tokens
-        self._int8_rows = None
-        if self.int8_reason is not None:
-            self._blas_step = n_tokens > self.numba_rows
-            return
-        # On the int8 path a sequence's rows take the int8 kernels when its own share of the
-        # step fits INT8_ROWS, whatever else is batched with it: the int8 product of a row
-        # does not depend on the other rows, so a request computes the same numbers batched
-        # as alone. Only a longer share (a long prompt) goes through BLAS.
-        long = [t > kmatmul.INT8_ROWS for t in (sizes or (n_tokens,))]
-        self._blas_step = any(long)
-        if self._blas_step and not all(long):
-            self._int8_rows = np.flatnonzero(np.repeat(~np.array(long), sizes))
+        # which must not start Numba threads between BLAS calls. On the int8 path nothing
+        # depends on the step (batch invariance: see the module docstring).
+        self._blas_step = self.int8_reason is not None and n_tokens > self.numba_rows
 
     def _pack(self, source: WeightSource, name: str) -> PackedMatrix:
         shape = source.tensors[name].shape
@@ -165,14 +168,12 @@ class NumbaBackend(Backend):
         # this backend: put ours back if another backend or thread changed it.
         if numba.get_num_threads() != self.threads:
             numba.set_num_threads(self.threads)
-        if w.int8 is not None and (not self._blas_step or x.shape[0] <= self.numba_rows):
-            return matmul_int8(x, w.int8)  # every row of an int8 step; or a few rows (the head's)
-        if w.int8 is not None and self._int8_rows is not None and x.shape[0] == self._step_tokens:
-            return self._mixed_matmul(x, w)
+        if w.int8 is not None:
+            return matmul_int8(x, w.int8)  # the int8 path: any step, each row alone
+        if self.int8_reason is None and w.kind != "f32":
+            return kmatmul.matmul_rowwise(x, w)  # the int8 path's Q6_K: still each row alone
         if x.shape[0] <= self.numba_rows and w.kind != "f32":
-            # a matrix without an int8 copy (Q6_K) in a step of SMALL_BATCH..INT8_ROWS tokens
-            # takes kmatmul's BLAS path on one BLAS thread here: slower, never a pool fight
-            return kmatmul.matmul(x, w)
+            return kmatmul.matmul(x, w)  # the exact path's small steps (and a BLAS step's head rows)
         return self._blas_matmul(x, w)
 
     def _blas_matmul(self, x: np.ndarray, w: PackedMatrix) -> np.ndarray:
@@ -186,16 +187,6 @@ class NumbaBackend(Backend):
             return kmatmul.matmul(x, w, self._scratch[:size].reshape(kmatmul.BAND_ROWS, w.cols))
         finally:
             self.blas.set(1)
-
-    def _mixed_matmul(self, x: np.ndarray, w: PackedMatrix) -> np.ndarray:
-        """A step with short and long shares: the short sequences' rows on the int8 kernels,
-        the long ones' through BLAS (begin_step chose which)."""
-        out = np.empty((x.shape[0], w.rows), np.float32)
-        short = self._int8_rows
-        long = np.setdiff1d(np.arange(x.shape[0]), short, assume_unique=True)
-        out[short] = matmul_int8(x[short], w.int8)
-        out[long] = self._blas_matmul(x[long], w)
-        return out
 
     def rms_norm(self, x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
         return ops.rms_norm(np.ascontiguousarray(x, dtype=np.float32), weight, np.float32(eps))
@@ -211,12 +202,13 @@ class NumbaBackend(Backend):
         return ops.rope(np.ascontiguousarray(x, dtype=np.float32), cos, sin, self.rope_layout == "interleaved")
 
     def attention(self, q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
-        # A step whose products ran in the Numba kernels attends in the Numba kernel.
-        # A step whose products went through BLAS (a long prompt, or decode tokens
-        # batched with another request's prefill chunk) attends through BLAS too: a
-        # Numba parallel region between BLAS calls must wait for OpenBLAS's spinning
-        # threads to give up their cores (kernels.cpu.threads).
-        if q.shape[0] <= self.numba_rows and not self._blas_step:
+        # A step whose products ran in the Numba kernels attends in the Numba kernel: every
+        # step of the int8 path (its per-query routine is what makes it batch-invariant), and
+        # the exact path's short steps. The exact path's long steps (a long prompt, or decode
+        # tokens batched with another request's prefill chunk) attend through BLAS: a Numba
+        # parallel region between BLAS calls must wait for OpenBLAS's spinning threads to
+        # give up their cores (kernels.cpu.threads).
+        if not self._blas_step:
             # The contiguous cache hands over transposed views ([Hkv, T, D] storage seen as
             # [T, Hkv, D]); Numba compiles a strided array without SIMD, and a copy plus the
             # vectorised kernel is faster than the kernel on the view (21 vs 34 µs at 150 tokens).

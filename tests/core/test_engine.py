@@ -188,7 +188,8 @@ def test_smollm2_sixteen_requests_batched_equal_alone(model_path):
     """Batched and alone compute the same sums in other orders, so their logits differ by float
     rounding (``float32_tolerance``) and greedy tokens agree, except where two logits are closer
     than that: there the two runs may pick either, and must agree up to that step. On the float
-    kernels (exact): batched prefill steps longer than INT8_ROWS would leave the int8 path."""
+    kernels (exact), which choose BLAS or Numba by the step's size; the int8 path is bitwise
+    batch-invariant (test_batch_invariance.py)."""
     model = llmrs.load(model_path, exact=True)
     prompts = [f"Question {i}: what is {i} plus {i * 3}? Answer:" + " Let me think." * (i % 4) for i in range(16)]
     batched = model.generate(prompts, max_tokens=6)

@@ -26,7 +26,7 @@ from llmrs_core.formats.ggml_types import GGMLType
 from llmrs_core.kernels.cpu import int8
 from llmrs_core.kernels.cpu.packing import pack_affine_q4, pack_q8
 from llmrs_core.quant.ggml_blocks import quantize
-from llmrs_core.testing import FLOAT32_ROUNDING, float32_tolerance, normalised_error
+from llmrs_core.testing import FLOAT32_ROUNDING
 
 pytestmark = pytest.mark.core
 
@@ -248,9 +248,10 @@ def test_vnni_and_avx2_products_are_the_same_numbers(tmp_path):
 
 
 @needs_int8
-def test_the_backend_sends_decode_steps_to_the_int8_kernels(tmp_path):
-    """Steps of up to INT8_ROWS rows use the int8 copy (the same numbers as the kernel), longer
-    ones the float kernels (the same numbers as without it); fused parts read the whole's rows."""
+def test_the_backend_sends_every_step_to_the_int8_kernels(tmp_path):
+    """On the int8 path every product of a matrix with an int8 copy is the int8 kernel's, for a
+    decode step and a step longer than kmatmul.INT8_ROWS alike (no BLAS: batch invariance);
+    fused parts read the whole's rows; exact=True makes no copies."""
     import llmrs_core as llmrs
     from llmrs_core.kernels.cpu import matmul as kmatmul
     from llmrs_core.testing import write_tiny_llama
@@ -261,22 +262,12 @@ def test_the_backend_sends_decode_steps_to_the_int8_kernels(tmp_path):
     net = llmrs.load(path, backend="numba").network
     layer, backend = net.layers[0], net.backend
     rng = np.random.default_rng(0)
-    x = rng.standard_normal((kmatmul.INT8_ROWS + 1, 64)).astype(np.float32)
+    x = rng.standard_normal((kmatmul.INT8_ROWS + 9, 64)).astype(np.float32)
     w = layer.w_gate
-    short = backend.matmul(x[:kmatmul.INT8_ROWS], w.fused)
-    np.testing.assert_array_equal(short, int8.matmul_int8(x[:kmatmul.INT8_ROWS], w.fused.int8))
-    copy, w.fused.int8 = w.fused.int8, None
-    try:
-        float_long = kmatmul.matmul(x, w.fused)
-    finally:
-        w.fused.int8 = copy
-    # the float path of a longer step: the float kernels' numbers, up to the order of their sums
-    # (the backend may take BLAS there), not the int8 ones (those are ~1e-2 away: 8-bit activations)
-    backend.begin_step(x.shape[0], (x.shape[0],))  # one sequence's share longer than INT8_ROWS
-    long_error = normalised_error(backend.matmul(x, w.fused), float_long)
-    assert long_error <= float32_tolerance(x.shape[1]), (
-        f"a step of {x.shape[0]} rows (> INT8_ROWS) differs from the float kernels by {long_error:.2e}: "
-        "it must not take the int8 path")
+    for rows in (1, 5, kmatmul.INT8_ROWS, x.shape[0]):
+        backend.begin_step(rows, (rows,))
+        np.testing.assert_array_equal(backend.matmul(x[:rows], w.fused), int8.matmul_int8(x[:rows], w.fused.int8),
+                                      f"a step of {rows} rows must take the int8 kernels")
     backend.begin_step(1, (1,))
     gate, up = backend.matmul_many(x[:1], [layer.w_gate, layer.w_up])
     np.testing.assert_array_equal(gate, backend.matmul(x[:1], layer.w_gate))
@@ -310,9 +301,9 @@ def test_a_non_finite_activation_makes_its_products_non_finite(bad):
 
 @needs_int8
 def test_a_request_computes_the_same_numbers_batched_as_alone(tmp_path):
-    """A sequence's rows take the int8 kernels by its own share of the step, not the step's size:
-    short sequences batched into a step longer than INT8_ROWS get exactly the logits they get alone
-    (an int8 row does not depend on the others, and the step stays on Numba's attention)."""
+    """Every row takes the int8 kernels and every query the Numba attention kernel, whatever the
+    step holds: sequences batched into one step, one of them longer than kmatmul.INT8_ROWS
+    (where the path once switched to BLAS), get exactly the logits they get alone."""
     import llmrs_core as llmrs
     from llmrs_core.kernels.cpu import matmul as kmatmul
     from llmrs_core.testing import write_tiny_llama
@@ -323,40 +314,9 @@ def test_a_request_computes_the_same_numbers_batched_as_alone(tmp_path):
                      n_kv_heads=2, context_length=2 * most)
     net = llmrs.load(path, backend="numba").network
     rng = np.random.default_rng(1)
-    sizes = (most - 10, most // 2 - 7, most)  # each within INT8_ROWS, together longer
-    assert sum(sizes) > most
+    sizes = (most - 10, most // 2 - 7, most + 20)
     short = [rng.integers(0, 64, n).tolist() for n in sizes]
     alone = [net.forward(ids, net.new_cache(len(ids)), last_only=False) for ids in short]
     batched = net.forward_batch([(ids, net.new_cache(len(ids))) for ids in short], last_only=False)
     for i, (got, want) in enumerate(zip(batched, alone)):
         np.testing.assert_array_equal(got, want, f"sequence {i} batched with the others differs from it alone")
-
-
-@needs_int8
-def test_beside_a_long_prompt_the_short_sequences_rows_stay_on_int8(tmp_path):
-    """A step with a share longer than INT8_ROWS multiplies that share through BLAS and the others'
-    rows on the int8 kernels, the same numbers as theirs alone. (Its attention goes through BLAS
-    for every sequence, float32-close to Numba's; an 8-bit activation code can still flip there.)"""
-    import llmrs_core as llmrs
-    from llmrs_core.kernels.cpu import matmul as kmatmul
-    from llmrs_core.testing import write_tiny_llama
-
-    path = tmp_path / "tiny.gguf"
-    write_tiny_llama(path, weight_type="q4_1", seed=5, hidden_size=64, intermediate_size=128, n_heads=4,
-                     n_kv_heads=2)
-    net = llmrs.load(path, backend="numba").network
-    backend, w = net.backend, net.layers[0].w_gate.fused
-    sizes = (30, kmatmul.INT8_ROWS + 20, 25)
-    x = np.random.default_rng(0).standard_normal((sum(sizes), 64)).astype(np.float32)
-    backend.begin_step(sum(sizes), sizes)
-    got = backend.matmul(x, w)
-    short = np.r_[0:30, 30 + sizes[1]:sum(sizes)]
-    np.testing.assert_array_equal(got[short], int8.matmul_int8(x[short], w.int8),
-                                  "the short sequences' rows must be the int8 kernel's")
-    long = np.arange(30, 30 + sizes[1])
-    copy, w.int8 = w.int8, None
-    try:
-        float_rows = kmatmul.matmul(x[long], w)
-    finally:
-        w.int8 = copy
-    assert normalised_error(got[long], float_rows) <= float32_tolerance(64), "the long prompt's rows: BLAS"

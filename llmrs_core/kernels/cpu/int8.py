@@ -28,9 +28,10 @@ repacked ``q4_0_8x8`` kernels work this way). A group is one sequential stream. 
 interleaved layout the float kernels read puts 32 *rows* side by side,
 code by code, which suits float lanes but not byte products. The copy takes
 24 bytes per 32 weights in the Q4 form (16 of codes, float32 ``d`` and
-``m``) and 36 for Q8_0, as much again as the interleaved layout; steps of up
-to ``matmul.INT8_ROWS`` tokens (decode, short prompts) read only the copy,
-longer prompts only the interleaved one.
+``m``) and 36 for Q8_0, as much again as the interleaved layout. The numba
+backend's int8 path reads only the copy, in steps of any length (batch invariance:
+``backends.numba_backend``); ``matmul.matmul`` on its own takes it up to
+``matmul.INT8_ROWS`` rows, where it beats BLAS.
 
 :func:`int8_unavailable` is the dispatch: the int8 kernels exist only for
 x86-64 targets with AVX2, and are compiled only when it returns None;

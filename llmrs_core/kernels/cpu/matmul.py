@@ -311,7 +311,23 @@ def matmul(x: np.ndarray, w: PackedMatrix, scratch: np.ndarray | None = None) ->
     return out
 
 
+def matmul_rowwise(x: np.ndarray, w: PackedMatrix) -> np.ndarray:
+    """``x [T, cols] @ W.T -> [T, rows]`` for a Q4- or Q8-form ``w``, each row of ``x`` computed
+    alone whatever ``T`` is: the small-batch kernels at every length (a row's sums do not
+    depend on the rows beside it, nor on their number), never BLAS or the matvec. The int8
+    path's products for a matrix without an int8 copy (Q6_K), where batch invariance matters
+    more than the speed of a long prompt (``backends.numba_backend``)."""
+    if w.kind not in ("q4", "q8"):
+        raise ValueError(f"matmul_rowwise multiplies Q4- or Q8-form weights, not {w.kind!r}")
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    if x.ndim != 2 or x.shape[1] != w.cols:
+        raise ValueError(f"matmul_rowwise: x has shape {x.shape}, the weight expects [T, {w.cols}]")
+    out = q4_matmul_small(w.qs, w.d, w.m, x) if w.kind == "q4" else q8_matmul_small(w.qs, w.d, x)
+    return out[:, : w.rows]
+
+
 __all__ = [
     "BAND_ROWS", "BLOCK", "INT8_ROWS", "ROWS_AS_MATVECS", "SMALL_BATCH", "block_sums", "dequantize_rows", "matmul",
+    "matmul_rowwise",
     "q4_matmul_small", "q4_matvec", "q8_matmul_small", "q8_matvec",
 ]
