@@ -446,8 +446,17 @@ def cmd_serve(args: argparse.Namespace) -> int:
         if value is not None and not value > 0:
             raise ValueError(f"{name} must be > 0 seconds, got {value}")
     for name, value, minimum in (("--stream-buffer", args.stream_buffer, 1),
-                                 ("--max-engine-restarts", args.max_engine_restarts, 0)):
+                                 ("--max-engine-restarts", args.max_engine_restarts, 0),
+                                 ("--limit-concurrency", args.limit_concurrency, 1)):
         check_int(name, value, minimum=minimum)
+    for name, value in (("--header-timeout", args.header_timeout), ("--body-timeout", args.body_timeout)):
+        if not value > 0:
+            raise ValueError(f"{name} must be > 0 seconds, got {value}")
+    from .server.limits import ConnectionLimits
+    from .server.serve import EngineStartError
+
+    limits = ConnectionLimits(header_timeout=args.header_timeout, body_timeout=args.body_timeout,
+                              limit_concurrency=args.limit_concurrency)
     from .server.tracing import otlp_provider_from_env
 
     tracer_provider = otlp_provider_from_env()  # ValueError naming the package when the exporter is missing
@@ -467,7 +476,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
               file=sys.stderr)
     try:
         serve(app, host=args.host, port=args.port, drain_timeout=args.drain_timeout,
-              access_log=args.no_request_log, drain=app.state.engine_loop)
+              access_log=args.no_request_log, drain=app.state.engine_loop, startup=app.state.engine_loop,
+              limits=limits)
+    except EngineStartError as e:  # the KV pool, the warm-up...: say why and exit, never serve "failed"
+        print(f"llmrs serve: error: {_one_line(e)}", file=sys.stderr)
+        return 1
     finally:
         if tracer_provider is not None:
             tracer_provider.shutdown()  # flush the spans still batched
@@ -656,6 +669,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="abort a stream whose client leaves more than N outputs a request unread (default 256)")
     p.add_argument("--max-engine-restarts", type=int, default=3, metavar="K",
                    help="fresh engines after failures within 60 s before the server stays unready (default 3)")
+    p.add_argument("--header-timeout", type=float, default=10.0, metavar="SECONDS",
+                   help="a client must send its request line and headers within this: else 408 and the "
+                        "connection is closed (default 10)")
+    p.add_argument("--body-timeout", type=float, default=30.0, metavar="SECONDS",
+                   help="a client must send its whole body within this after the headers: else 408 and closed "
+                        "(default 30)")
+    p.add_argument("--limit-concurrency", type=int, default=512, metavar="N",
+                   help="connections or requests in progress at once; past it a new request gets 503 (default 512)")
     p.add_argument("--log-prompts", action="store_true",
                    help="add each request's prompt and output to its JSON log line (default: not logged)")
     p.add_argument("--no-request-log", action="store_true",

@@ -23,7 +23,7 @@ computes with them; so a GGUF and a ``config.json`` of one model compare equal.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -57,15 +57,72 @@ KV_DTYPE_BYTES: dict[str, float] = {"f32": 4, "f16": 2, "bf16": 2, "fp8": 1, "q8
 
 
 def _f32(x: float) -> float:
-    return float(np.float32(x))
+    with np.errstate(over="ignore"):  # past float32's range: infinity, which validate() refuses by name
+        return float(np.float32(x))
+
+
+def _number(value: Any, key: str, source: object, integer: bool) -> Any:
+    """``value`` of metadata ``key`` as an int (``integer``) or a float; ``ConfigError`` naming the
+    key otherwise. An integer may be written as an integral float (``2048.0``), never as a string,
+    a bool or a non-finite number (``1e400`` in JSON reads as infinity)."""
+    kind = "an integer" if integer else "a number"
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise ConfigError(f"{source}: {key!r} must be {kind}, got {type(value).__name__} {value!r}")
+    if isinstance(value, (int, np.integer)):
+        return int(value) if integer else _checked_float(int(value), key, source)
+    if not np.isfinite(value):
+        raise ConfigError(f"{source}: {key!r} must be a finite number, got {value!r}")
+    if integer:
+        if value != int(value):
+            raise ConfigError(f"{source}: {key!r} must be an integer, got {value!r}")
+        return int(value)
+    return float(value)
+
+
+def _checked_float(value: int, key: str, source: object) -> float:
+    try:
+        return float(value)
+    except OverflowError:  # an integer too large for a float
+        raise ConfigError(f"{source}: {key!r} must be a finite number, got an integer of "
+                          f"{len(str(value))} digits") from None
 
 
 def _hf_rope_theta(config: Mapping[str, Any]) -> float:
     """transformers < 5 writes ``rope_theta``; 5 moved it into ``rope_parameters``."""
     if config.get("rope_theta") is not None:
-        return float(config["rope_theta"])
+        return _number(config["rope_theta"], "rope_theta", "config.json", integer=False)
     params = config.get("rope_parameters") or {}
-    return float(params.get("rope_theta", 10000.0))
+    if not isinstance(params, Mapping):
+        raise ConfigError(f"config.json: 'rope_parameters' must be an object, got {type(params).__name__}")
+    return _number(params.get("rope_theta", 10000.0), "rope_parameters.rope_theta", "config.json", integer=False)
+
+
+#: how many digits a layer number in a tensor name may have (``blk.N.``); longer is no layer
+_MAX_LAYER_DIGITS = 18
+
+
+def check_layer_count(n_layers: int, tensor_names: Iterable[str], key: str, source: object) -> None:
+    """Refuse a layer count that the weights cannot hold, before anything is built per layer.
+
+    ``tensor_names`` are GGUF-style (``blk.N.attn_q.weight``). A model of ``n_layers`` layers needs
+    tensors of layers ``0 .. n_layers - 1``, so ``n_layers`` must be at most the number of distinct
+    layers the file has tensors for: a damaged ``block_count`` (one flipped bit makes 30 into
+    67,108,894) is refused here in O(tensors), not after the engine has listed 9 tensor names per
+    layer it believes in. ``ConfigError`` names ``key`` and both numbers. (A count *below* the
+    file's layers is ``check_tensors``'s to report: the file then has tensors the model ignores.)
+    """
+    layers = set()
+    for name in tensor_names:
+        part = name.split(".", 2)
+        if len(part) == 3 and part[0] == "blk" and part[1].isdigit() and len(part[1]) <= _MAX_LAYER_DIGITS:
+            layers.add(int(part[1]))
+    if n_layers > len(layers):
+        held = (f"{len(layers):,} layers (blk.{min(layers)} .. blk.{max(layers)})" if layers
+                else "no layer (no blk.N.* tensor)")
+        raise ConfigError(
+            f"{source}: {key} is {n_layers:,}, but the weights hold tensors of {held}: "
+            "the layer count is damaged or the weights are incomplete"
+        )
 
 
 @dataclass(frozen=True)
@@ -130,9 +187,16 @@ class ModelConfig:
         def opt_int(key: str, default: int) -> int:
             return need_int(key) if key in md else default
 
+        def need_float(key: str, default: float | None = None) -> float:
+            value = need(key) if default is None else md.get(key, default)
+            return _number(value, key, gguf.path, integer=False)
+
         arch = need("general.architecture")
         hidden = need_int(f"{arch}.embedding_length")
         n_heads = need_int(f"{arch}.attention.head_count")
+        if n_heads <= 0:  # before anything divides by it
+            raise ConfigError(f"{gguf.path}: GGUF metadata '{arch}.attention.head_count' must be a positive "
+                              f"integer, got {n_heads}")
         if hidden % n_heads and f"{arch}.attention.key_length" not in md:
             raise ConfigError(
                 f"hidden size {hidden} is not divisible by the {n_heads} attention heads"
@@ -157,8 +221,8 @@ class ModelConfig:
             n_kv_heads=opt_int(f"{arch}.attention.head_count_kv", n_heads),
             head_dim=opt_int(f"{arch}.attention.key_length", hidden // n_heads),
             context_length=need_int(f"{arch}.context_length"),
-            rope_theta=_f32(md.get(f"{arch}.rope.freq_base", 10000.0)),
-            rms_norm_eps=_f32(need(f"{arch}.attention.layer_norm_rms_epsilon")),
+            rope_theta=_f32(need_float(f"{arch}.rope.freq_base", 10000.0)),
+            rms_norm_eps=_f32(need_float(f"{arch}.attention.layer_norm_rms_epsilon")),
             tie_embeddings="output.weight" not in gguf.tensors,
             architecture=str(arch),
         )
@@ -180,10 +244,23 @@ class ModelConfig:
                 raise ConfigError(f"config.json lacks {key!r}")
             return config[key]
 
-        hidden = int(need("hidden_size"))
-        n_heads = int(need("num_attention_heads"))
+        def need_int(key: str) -> int:
+            return _number(need(key), key, "config.json", integer=True)
+
+        def opt_int(key: str, default: int) -> int:
+            value = config.get(key)
+            return default if value is None else _number(value, key, "config.json", integer=True)
+
+        def opt_float(key: str, default: float) -> float:
+            value = config.get(key)
+            return default if value is None else _number(value, key, "config.json", integer=False)
+
+        hidden = need_int("hidden_size")
+        n_heads = need_int("num_attention_heads")
+        if n_heads <= 0:  # before anything divides by it
+            raise ConfigError(f"config.json: 'num_attention_heads' must be a positive integer, got {n_heads}")
         if "head_dim" in config and config["head_dim"] is not None:
-            head_dim = int(config["head_dim"])
+            head_dim = need_int("head_dim")
         elif hidden % n_heads:
             raise ConfigError(
                 f"hidden size {hidden} is not divisible by the {n_heads} attention heads"
@@ -191,16 +268,16 @@ class ModelConfig:
         else:
             head_dim = hidden // n_heads
         result = cls(
-            vocab_size=int(need("vocab_size")),
+            vocab_size=need_int("vocab_size"),
             hidden_size=hidden,
-            intermediate_size=int(need("intermediate_size")),
-            n_layers=int(need("num_hidden_layers")),
+            intermediate_size=need_int("intermediate_size"),
+            n_layers=need_int("num_hidden_layers"),
             n_heads=n_heads,
-            n_kv_heads=int(config.get("num_key_value_heads") or n_heads),
+            n_kv_heads=opt_int("num_key_value_heads", n_heads) or n_heads,
             head_dim=head_dim,
-            context_length=int(config.get("max_position_embeddings", 2048)),
+            context_length=opt_int("max_position_embeddings", 2048),
             rope_theta=_f32(_hf_rope_theta(config)),
-            rms_norm_eps=_f32(config.get("rms_norm_eps", 1e-6)),
+            rms_norm_eps=_f32(opt_float("rms_norm_eps", 1e-6)),
             tie_embeddings=bool(config.get("tie_word_embeddings", False)),
             architecture=str(config.get("model_type", "llama")),
         )

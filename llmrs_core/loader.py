@@ -29,7 +29,7 @@ from .generate import Completion, generate_ids
 from .model import LlamaModel, check_tensors
 from .sampling import SamplingParams
 from .tokenizer import Tokenizer
-from .validation import check_max_tokens, normalise_stop, prompt_ids
+from .validation import check_max_tokens, normalise_stop, precheck_chat, prompt_ids
 
 
 class Model:
@@ -175,6 +175,8 @@ class Model:
         """
         if "allow_special" in kwargs:
             raise ValueError("chat() encodes message contents as text; allow_special applies to generate()")
+        # messages far too long for the context are refused before the template renders them
+        precheck_chat(messages, self.tokenizer, self.config.context_length, 1)
         ids = self.tokenizer.encode_chat(messages, add_generation_prompt=True)
         return self.generate(ids, **kwargs)
 

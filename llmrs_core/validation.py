@@ -133,6 +133,43 @@ def check_fits_context(prompt_tokens: int, max_tokens: int, context_length: int)
 PRECHECK_CHARS_PER_TOKEN = 16
 
 
+def precheck_text(texts: Sequence[str], tokenizer: Tokenizer, context_length: int, max_tokens: int,
+                  what: str = "prompt") -> None:
+    """Refuse text that cannot fit the context, *before* it is encoded (or rendered).
+
+    ``texts`` are the strings that will be encoded together (one prompt, or every string a
+    chat template sees); ``max_tokens`` the generation budget that must fit beside them (0:
+    none, as for ``/tokenize``). Encoding is fast (O(n log n)) but pure Python, so only text
+    far larger than any context is bounded here, in O(n): ``tokenizer.min_token_count`` (a
+    lower bound on the tokens) of their concatenation, which must leave room for
+    ``max_tokens``. Shorter text gets its exact count once encoded. ``ValueError`` naming
+    ``what``, the bytes, the bound and the context length.
+    """
+    if sum(len(t) for t in texts) <= PRECHECK_CHARS_PER_TOKEN * context_length:
+        return
+    text = "".join(texts)
+    at_least = tokenizer.min_token_count(text)
+    if at_least + max_tokens > context_length:
+        budget = f" + max_tokens ({max_tokens})" if max_tokens else ""
+        raise ValueError(
+            f"{what} ({len(text.encode('utf-8', errors='surrogatepass')):,} bytes, at least {at_least:,} "
+            f"tokens){budget} exceeds the model's context length {context_length}"
+        )
+
+
+def precheck_chat(messages: Any, tokenizer: Tokenizer, context_length: int, max_tokens: int) -> None:
+    """:func:`precheck_text` for chat ``messages``, before the template renders them: every
+    string the template sees (roles, contents, names...) counts, and there may be at most
+    ``context_length`` messages. ``ValueError`` naming ``messages`` otherwise."""
+    from .tokenizer.chat import check_messages, message_texts
+
+    check_messages(messages)
+    if len(messages) > context_length:
+        raise ValueError(f"messages: {len(messages):,} messages cannot fit the model's context length "
+                         f"{context_length}")
+    precheck_text(message_texts(messages), tokenizer, context_length, max_tokens, "messages")
+
+
 def prompt_ids(
     prompt: Any,
     tokenizer: Tokenizer | None,
@@ -154,15 +191,7 @@ def prompt_ids(
     if isinstance(prompt, str):
         if tokenizer is None:
             raise ValueError("this model has no tokenizer: give token ids, not text")
-        # Encoding is fast (O(n log n)), so the cheap bound is only for text far larger than any
-        # context: then it refuses before the work. Shorter text gets the exact count below.
-        if len(prompt) > PRECHECK_CHARS_PER_TOKEN * context_length:
-            at_least = tokenizer.min_token_count(prompt)
-            if at_least + max_tokens > context_length:
-                raise ValueError(
-                    f"prompt ({len(prompt.encode('utf-8')):,} bytes, at least {at_least:,} tokens) + max_tokens "
-                    f"({max_tokens}) exceeds the model's context length {context_length}"
-                )
+        precheck_text([prompt], tokenizer, context_length, max_tokens)
         ids = tokenizer.encode(prompt, allow_special=allow_special)
     else:
         ids = prompt
@@ -180,5 +209,7 @@ __all__ = [
     "check_token_ids",
     "is_integer",
     "normalise_stop",
+    "precheck_chat",
+    "precheck_text",
     "prompt_ids",
 ]

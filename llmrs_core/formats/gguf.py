@@ -392,14 +392,16 @@ class GGUFFile(WeightSource):
     def config(self) -> ModelConfig:
         """The architecture from the metadata (``ConfigError`` naming the missing key).
 
-        Checked first: ``general.architecture`` is one the engine implements; and
-        the tokenizer's vocabulary has one embedding row per token (else a
-        generated id would have no text, or a token no embedding).
+        Checked first: ``general.architecture`` is one the engine implements; the
+        block count is at most the layers the file holds tensors for (nothing is built
+        per layer of a damaged count); and the tokenizer's vocabulary has one embedding
+        row per token (else a generated id would have no text, or a token no embedding).
         """
-        from ..config import ConfigError, ModelConfig, check_architecture
+        from ..config import ConfigError, ModelConfig, check_architecture, check_layer_count
 
         check_architecture(self.metadata.get("general.architecture"), self.path)
         config = ModelConfig.from_gguf(self)
+        check_layer_count(config.n_layers, self.tensors, f"{config.architecture}.block_count", self.path)
         tokens = self.metadata.get("tokenizer.ggml.tokens")
         if tokens is not None and len(tokens) != config.vocab_size:
             raise ConfigError(

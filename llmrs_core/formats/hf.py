@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..config import ModelConfig, check_architecture
+from ..config import ModelConfig, check_architecture, check_layer_count
 from ..rope import permute_for_interleaved, unpermute_from_interleaved
 from .safetensors import SafetensorsFile, read_safetensors, write_safetensors
 from .source import WeightSource
@@ -52,6 +52,17 @@ NAME_MAP = [
     ("model.layers.{i}.mlp.up_proj.weight", "blk.{i}.ffn_up.weight"),
     ("model.layers.{i}.mlp.down_proj.weight", "blk.{i}.ffn_down.weight"),
 ]
+
+
+def _read_json(path: Path) -> object:
+    """A JSON file of a model directory; ``ValueError`` naming it if it is not JSON (or is nested
+    deeper than the parser's stack)."""
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path}: not valid JSON ({e})") from None
+    except RecursionError:
+        raise ValueError(f"{path}: JSON nested too deeply") from None
 
 
 def _translate(name: str, src: int, dst: int) -> str | None:
@@ -97,10 +108,7 @@ class HFWeights(WeightSource):
         config_path = self.path / "config.json"
         if not config_path.exists():
             raise FileNotFoundError(f"{self.path} has no config.json: not a Hugging Face model directory")
-        try:
-            raw_config = json.loads(config_path.read_text())
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{config_path}: not valid JSON ({e})") from None
+        raw_config = _read_json(config_path)
         if not isinstance(raw_config, dict):
             raise ValueError(f"{config_path}: expected a JSON object, got {type(raw_config).__name__}")
         check_architecture(raw_config.get("model_type", "llama"), config_path)
@@ -110,7 +118,11 @@ class HFWeights(WeightSource):
         self._where: dict[str, tuple[SafetensorsFile, str]] = {}
         index = self.path / "model.safetensors.index.json"
         if index.exists():
-            shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+            weight_map = _read_json(index)
+            weight_map = weight_map.get("weight_map") if isinstance(weight_map, dict) else None
+            if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+                raise ValueError(f"{index}: expected an object whose \"weight_map\" maps tensor names to files")
+            shards = sorted(set(weight_map.values()))
         elif (self.path / "model.safetensors").exists():
             shards = ["model.safetensors"]
         else:
@@ -127,6 +139,7 @@ class HFWeights(WeightSource):
             name: TensorShape(f.tensors[hf].shape, f.tensors[hf].dtype, f.tensors[hf].end - f.tensors[hf].begin)
             for name, (f, hf) in self._where.items()
         }
+        check_layer_count(self._config.n_layers, self.tensors, "num_hidden_layers", config_path)
         self.file_size = sum((self.path / shard).stat().st_size for shard in shards)
         self.metadata = {"general.name": self.path.name}
 

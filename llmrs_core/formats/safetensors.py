@@ -80,6 +80,8 @@ class SafetensorsFile:
             header = json.loads(raw.decode("utf-8"))
         except (UnicodeDecodeError, json.JSONDecodeError) as e:
             raise _fail(self.path, f"header is not valid UTF-8 JSON ({e})") from None
+        except RecursionError:  # "[[[[..." deeper than the parser's stack: no header is like that
+            raise _fail(self.path, "header is JSON nested too deeply to be a safetensors header") from None
         if not isinstance(header, dict):
             raise _fail(self.path, f"header must be a JSON object, got {type(header).__name__}")
         meta = header.pop("__metadata__", {}) or {}

@@ -12,7 +12,10 @@ One idea per module:
 * :mod:`.request_log` — one JSON log line per finished request, and the hook that writes its spans;
 * :mod:`.observe` — ``make observe``: a real Prometheus scrapes the server and agrees with its usage;
 * :mod:`.app` — ``create_app(model)``: the FastAPI routes, errors, auth, cancellation;
-* :mod:`.serve` — uvicorn in the foreground with a graceful SIGTERM drain, or in a thread.
+* :mod:`.encode_pool` — the threads that encode prompts, of their own, short text apart from long;
+* :mod:`.limits` — what one connection may take: read timeouts, header size, concurrency;
+* :mod:`.serve` — uvicorn in the foreground with a graceful SIGTERM drain (and an exit when the
+  engine cannot start), or in a thread.
 
 Needs the ``serve`` extra: ``pip install 'llmrs-core[serve]'``.
 """

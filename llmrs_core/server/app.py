@@ -14,14 +14,18 @@ GET  /metrics             Prometheus text (:mod:`.metrics`)
 ========================  ==========================================================
 
 The handlers never run the model: they parse and check the body
-(:mod:`.protocol`), encode the prompt in a worker thread — completions'
+(:mod:`.protocol`), refuse text that cannot fit the context in O(n) before
+anything renders or encodes it (``validation.precheck_text``/``precheck_chat``:
+every string a chat template sees, and ``/tokenize``'s text), encode the prompt
+in the encoding pool (:mod:`.encode_pool`: threads of its own, short text apart
+from long) — completions'
 text with special-token text kept as text (``allow_special=False``), chat
 messages through ``Tokenizer.encode_chat`` (only the template makes control
 tokens) — and submit token ids to the :class:`~.loop.EngineLoop`, whose
 thread owns the engine. Every refusal happens before the first byte of the
 answer, in OpenAI's error shape: 400 naming the field, 401 without the API
 key (``/health``, ``/ready`` and ``/metrics`` stay open), 404 ``model_not_found``, 413 for
-a body over ``max_body_bytes``, 429 with ``Retry-After`` past ``max_queue``
+a body over ``max_body_bytes``, 431 for headers past :mod:`.limits`' bounds, 429 with ``Retry-After`` past ``max_queue``
 waiting requests, 503 when the engine loop is dead or draining. A client that
 disconnects, streaming or not, aborts its requests before the next engine step.
 
@@ -49,10 +53,13 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from opentelemetry.trace import TracerProvider
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from ..engine import Engine
 from ..loader import Model
-from ..validation import check_fits_context, check_token_ids, prompt_ids
+from ..validation import check_fits_context, check_token_ids, precheck_chat, precheck_text, prompt_ids
+from .encode_pool import EncodePool, text_size
+from .limits import HeaderLimits
 from .loop import EngineLoop, EngineRequest, QueueFullError, StreamError
 from .metrics import ServerMetrics
 from .protocol import (
@@ -146,13 +153,16 @@ def create_app(
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        encoder = app.state.encoder = EncodePool()
         engine_loop.start()
         try:
             yield
         finally:
             engine_loop.stop()
+            encoder.shutdown()
 
     app = FastAPI(title="llmrs", version="1", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app.add_middleware(HeaderLimits)  # 431 past MAX_HEADERS header lines or MAX_HEADER_BYTES (.limits)
     app.state.engine_loop = engine_loop
     app.state.metrics = metrics
     app.state.observer = observer
@@ -191,6 +201,20 @@ def create_app(
             raise APIError(404, f"the model {asked!r} does not exist; this server serves {name!r}",
                            param="model", code="model_not_found")
 
+    def prechecked(req: GenerationRequest, chat: bool) -> None:
+        """Refuse text that cannot fit the context before it is rendered or encoded: O(n), on the
+        event loop, so a huge prompt is a 400 at once and never waits for (or holds) an encoder."""
+        for i, prompt in enumerate(req.prompts):
+            where = f"prompt {i}: " if len(req.prompts) > 1 else ""
+            try:
+                if chat:
+                    precheck_chat(prompt, tokenizer, config.context_length, req.max_tokens or 1)
+                elif isinstance(prompt, str):
+                    precheck_text([prompt], tokenizer, config.context_length,
+                                  req.max_tokens or DEFAULT_COMPLETION_MAX_TOKENS)
+            except ValueError as e:
+                raise APIError(400, f"{where}{e}", param="messages" if chat else "prompt") from None
+
     def encode(req: GenerationRequest, chat: bool) -> list[tuple[list[int], int]]:
         """Each prompt's token ids and generation budget, checked (runs in a worker thread)."""
         param = "messages" if chat else "prompt"
@@ -217,7 +241,8 @@ def create_app(
         body = await read_json(request, max_body_bytes)
         req = parse_chat_request(body) if chat else parse_completion_request(body)
         check_model(req)
-        encoded = await asyncio.to_thread(encode, req, chat)
+        prechecked(req, chat)
+        encoded = await request.app.state.encoder.run(text_size(req.prompts), encode, req, chat)
         response_id = new_id("chatcmpl" if chat else "cmpl")
         requests, choice_of, prompt_of = [], {}, {}
         for p, (ids, max_tokens) in enumerate(encoded):
@@ -315,7 +340,14 @@ def create_app(
             except ValueError as e:
                 raise APIError(400, str(e), param="messages" if "messages" in body else "prompt") from None
 
-        ids = await asyncio.to_thread(run)
+        try:  # text too long for the context is refused before it is encoded, here on the event loop
+            if "messages" in body:
+                precheck_chat(body["messages"], tokenizer, config.context_length, 0)
+            elif isinstance(body["prompt"], str):
+                precheck_text([body["prompt"]], tokenizer, config.context_length, 0)
+        except ValueError as e:
+            raise APIError(400, str(e), param="messages" if "messages" in body else "prompt") from None
+        ids = await request.app.state.encoder.run(text_size(body.get("messages") or body["prompt"]), run)
         return {"tokens": ids, "count": len(ids), "max_model_len": config.context_length}
 
     @app.post("/detokenize", dependencies=guarded)
@@ -389,11 +421,14 @@ async def read_json(request: Request, max_bytes: int) -> Any:
         raise APIError(413, f"the request body is {int(declared):,} bytes; the limit is {max_bytes:,}")
     chunks: list[bytes] = []
     size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > max_bytes:
-            raise APIError(413, f"the request body is over the limit of {max_bytes:,} bytes")
-        chunks.append(chunk)
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > max_bytes:
+                raise APIError(413, f"the request body is over the limit of {max_bytes:,} bytes")
+            chunks.append(chunk)
+    except ClientDisconnect:  # gone before its body was in (or cut off by the body timeout): no traceback
+        raise APIError(400, f"the client disconnected after {size:,} bytes of its body") from None
     try:
         return json.loads(b"".join(chunks))
     except (ValueError, RecursionError) as e:  # JSONDecodeError and bad UTF-8 are ValueErrors

@@ -60,7 +60,18 @@ class APIError(Exception):
 
 
 def error_body(message: str, type: str, param: str | None = None, code: str | int | None = None) -> dict:
-    return {"error": {"message": message, "type": type, "param": param, "code": code}}
+    """OpenAI's error shape. Its text is made encodable: a lone surrogate (``"\\ud800"``, which JSON
+    can carry but UTF-8 cannot) from the client's body, say as the name of an unknown field, is
+    written as its escape, so that the error itself never fails to be sent."""
+    return {"error": {"message": _encodable(message), "type": type, "param": _encodable(param),
+                      "code": _encodable(code)}}
+
+
+def _encodable(value: Any) -> Any:
+    """``value`` with every character UTF-8 cannot encode (lone surrogates) as a ``\\uXXXX`` escape."""
+    if not isinstance(value, str):
+        return value
+    return value.encode("utf-8", errors="backslashreplace").decode("utf-8")
 
 
 @dataclass

@@ -12,6 +12,16 @@ Once the engine is idle it stops listening, gives the connections
 normally, so the process exits 0 (uvicorn on its own re-raises the signal after
 draining, and the process would die of it). A second signal stops waiting.
 
+With a ``startup`` (the app's engine loop, a :class:`Startup`), a start-up that
+fails — the KV pool cannot be allocated, warm-up raises — stops the server at
+once and :func:`serve` raises :class:`EngineStartError` with the reason, so that
+``llmrs serve`` exits non-zero with it on stderr instead of listening forever in
+state ``failed``.
+
+Both run with :class:`~.limits.ConnectionLimits` (header and body read
+timeouts, concurrency, header size): a client that trickles its request is
+cut off, never held open.
+
 :class:`BackgroundServer` runs an app on a free port of 127.0.0.1 in a thread,
 for tests and notebooks: ``with BackgroundServer(app) as url: ...``; it waits
 until ``GET /ready`` answers 200 (an app without that route: until it listens),
@@ -32,6 +42,8 @@ import httpx
 import uvicorn
 from fastapi import FastAPI
 
+from .limits import ConnectionLimits
+
 #: seconds the connections get to finish writing once the engine has no request left
 DRAIN_GRACE_S = 2.0
 
@@ -47,16 +59,48 @@ class Drainable(Protocol):
         """No request is in flight or queued."""
 
 
+class Startup(Protocol):
+    """What :func:`serve` watches while the app starts (:class:`~.loop.EngineLoop`)."""
+
+    #: set once the app serves
+    ready: threading.Event
+
+    @property
+    def error(self) -> str | None:
+        """Why it failed for good (``None`` while it has not)."""
+
+
+class EngineStartError(RuntimeError):
+    """The app's engine failed to start (``llmrs serve`` exits 1 with this message)."""
+
+
 class _DrainingServer(uvicorn.Server):
     """uvicorn's server with our own signal handling: drain, then exit normally (0).
 
     With a ``drain``, the first signal starts it and a thread sets ``should_exit`` once it is
-    idle (or ``drain_timeout`` plus the grace has passed); uvicorn goes on serving until then."""
+    idle (or ``drain_timeout`` plus the grace has passed); uvicorn goes on serving until then.
+    With a ``startup``, a start-up that fails (before ``startup.ready``) sets ``should_exit``
+    and :attr:`startup_error`."""
 
-    def __init__(self, config: uvicorn.Config, drain: Drainable | None = None, drain_timeout: float = 30.0):
+    def __init__(self, config: uvicorn.Config, drain: Drainable | None = None, drain_timeout: float = 30.0,
+                 startup: Startup | None = None):
         super().__init__(config)
         self.drain, self.drain_timeout = drain, drain_timeout
         self._draining = False
+        self._watched: Startup | None = startup  # (not ``startup``: uvicorn.Server has a method of that name)
+        #: why the app's start-up failed, once it has
+        self.startup_error: str | None = None
+
+    async def on_tick(self, counter: int) -> bool:
+        """uvicorn asks ten times a second whether to stop; also when the start-up has failed."""
+        watched = self._watched
+        if watched is not None and not watched.ready.is_set():
+            error = watched.error
+            if error is not None:
+                self.startup_error = error
+                self._watched = None
+                return True
+        return await super().on_tick(counter)
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
@@ -92,16 +136,23 @@ class _DrainingServer(uvicorn.Server):
 
 
 def serve(app: FastAPI, host: str = "127.0.0.1", port: int = 8000, drain_timeout: float = 30.0,
-          log_level: str = "info", access_log: bool = True, drain: Drainable | None = None) -> None:
+          log_level: str = "info", access_log: bool = True, drain: Drainable | None = None,
+          startup: Startup | None = None, limits: ConnectionLimits | None = None) -> None:
     """Serve ``app`` until SIGTERM or Ctrl-C; in-flight requests get ``drain_timeout`` seconds to finish.
     ``access_log=False`` leaves out uvicorn's line per HTTP request (the app's JSON lines replace it).
     ``drain``: what to drain first (our app's ``app.state.engine_loop``); without one, uvicorn's own
-    graceful shutdown (stop listening, wait up to ``drain_timeout`` for the connections)."""
+    graceful shutdown (stop listening, wait up to ``drain_timeout`` for the connections).
+    ``startup``: what must start for the server to serve (the engine loop again); if it fails
+    instead, the server stops and :class:`EngineStartError` says why. ``limits``: the connections'
+    (default :class:`~.limits.ConnectionLimits`)."""
     graceful = DRAIN_GRACE_S if drain is not None else drain_timeout
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level, lifespan="on",
-                            timeout_graceful_shutdown=graceful, access_log=access_log)
-    server = _DrainingServer(config, drain, drain_timeout)
+                            timeout_graceful_shutdown=graceful, access_log=access_log,
+                            **(limits or ConnectionLimits()).uvicorn_options())
+    server = _DrainingServer(config, drain, drain_timeout, startup)
     server.run()
+    if server.startup_error is not None:
+        raise EngineStartError(f"the engine could not start: {server.startup_error}")
     if not server.started:
         raise OSError(f"the server could not start on {host}:{port} (see the log above)")
 
@@ -116,9 +167,10 @@ class BackgroundServer:
     """
 
     def __init__(self, app: FastAPI, start_timeout: float = 60.0, drain_timeout: float = 5.0,
-                 wait_ready: bool = True, drain: Drainable | None = None):
+                 wait_ready: bool = True, drain: Drainable | None = None, limits: ConnectionLimits | None = None):
         config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="on",
-                                timeout_graceful_shutdown=DRAIN_GRACE_S if drain is not None else drain_timeout)
+                                timeout_graceful_shutdown=DRAIN_GRACE_S if drain is not None else drain_timeout,
+                                **(limits or ConnectionLimits()).uvicorn_options())
         self.server = _DrainingServer(config, drain, drain_timeout)
         self.start_timeout = start_timeout
         self.wait_ready = wait_ready
@@ -167,4 +219,4 @@ class BackgroundServer:
         self.stop()
 
 
-__all__ = ["DRAIN_GRACE_S", "BackgroundServer", "Drainable", "serve"]
+__all__ = ["DRAIN_GRACE_S", "BackgroundServer", "Drainable", "EngineStartError", "Startup", "serve"]

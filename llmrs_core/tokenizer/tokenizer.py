@@ -39,6 +39,20 @@ END_OF_TURN_TOKENS = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>")
 PLACEHOLDER = regex.compile("\ue000([0-9]{12})#([0-9]+)\ue001")
 
 
+def _read_json_object(path: Path) -> dict[str, Any]:
+    """A JSON object from ``path``; ``ValueError`` naming the file otherwise (not JSON, not an
+    object, or nested deeper than the parser's stack)."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path}: not valid JSON ({e})") from None
+    except RecursionError:
+        raise ValueError(f"{path}: JSON nested too deeply") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected a JSON object, got {type(data).__name__}")
+    return data
+
+
 class Tokenizer:
     """Byte-level BPE tokenizer (GPT-2 family, SmolLM2's pre-tokenisation).
 
@@ -134,20 +148,29 @@ class Tokenizer:
         """
         directory = Path(directory)
         path = directory / "tokenizer.json"
-        try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            raise FileNotFoundError(f"{directory} has no tokenizer.json") from None
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{path}: not valid JSON ({e})") from None
+        if not path.exists():
+            raise FileNotFoundError(f"{directory} has no tokenizer.json")
+        data = _read_json_object(path)
         model = data.get("model") or {}
-        if model.get("type") != "BPE" or data.get("pre_tokenizer") != cls.PRE_TOKENIZER:
+        if (not isinstance(model, dict) or model.get("type") != "BPE"
+                or data.get("pre_tokenizer") != cls.PRE_TOKENIZER):
             raise ValueError(
                 f"{path}: only byte-level BPE with SmolLM2's pre-tokeniser (Digits + ByteLevel) is supported"
             )
-        vocab: dict[str, int] = model["vocab"]
-        added = {t["content"]: (t["id"], t.get("special", False)) for t in data.get("added_tokens", [])}
-        size = max([*vocab.values(), *(i for i, _ in added.values())]) + 1
+        vocab: dict[str, int] = model.get("vocab")
+        entries = data.get("added_tokens", [])
+        if (not isinstance(vocab, dict) or not isinstance(entries, list)
+                or not all(isinstance(t, dict) and isinstance(t.get("content"), str) for t in entries)):
+            raise ValueError(f"{path}: model.vocab must map token text to ids, and added_tokens be a list of "
+                             "{content, id} objects")
+        added = {t["content"]: (t.get("id"), t.get("special", False)) for t in entries}
+        ids = [*vocab.values(), *(i for i, _ in added.values())]
+        if not ids or not all(type(i) is int and i >= 0 for i in ids):
+            raise ValueError(f"{path}: token ids must be non-negative integers")
+        size = max(ids) + 1
+        if size > path.stat().st_size:  # a vocabulary of that size cannot be written in this file
+            raise ValueError(f"{path}: token id {size - 1:,} is larger than the file ({path.stat().st_size:,} "
+                             f"bytes) can describe a vocabulary for; the ids are damaged")
         tokens = [""] * size
         types = [TOKEN_UNUSED] * size
         for text, i in vocab.items():
@@ -156,7 +179,7 @@ class Tokenizer:
             tokens[i], types[i] = text, TOKEN_CONTROL if special else TOKEN_USER_DEFINED
         merges = [m if isinstance(m, str) else " ".join(m) for m in model.get("merges", [])]
         cfg_path = directory / "tokenizer_config.json"
-        cfg = json.loads(cfg_path.read_text(encoding="utf-8")) if cfg_path.exists() else {}
+        cfg = _read_json_object(cfg_path) if cfg_path.exists() else {}
 
         def special_id(key: str) -> int | None:
             value = cfg.get(key)

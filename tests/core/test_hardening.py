@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import struct
+import time
 
 import numpy as np
 import pytest
@@ -283,6 +284,45 @@ def test_a_block_count_below_the_files_layers_is_refused(tmp_path):
         llmrs.load(path, backend="numpy")  # at load, before any forward pass
 
 
+@pytest.mark.parametrize("blocks", [67_108_894, 10**9])  # 30 with bit 26 flipped; a billion
+def test_a_damaged_block_count_is_refused_before_anything_per_layer(tmp_path, blocks):
+    """load() built 9 tensor names per layer it believed in before comparing them with the file: a
+    flipped bit grew memory toward OOM (>60 s). The count is checked against the layers the file
+    holds first, and the error names the key and both numbers."""
+    md, tensors = tiny_parts(n_layers=2)
+    md["llama.block_count"] = blocks
+    path = write(tmp_path / "blocks.gguf", md, tensors)
+    started = time.perf_counter()
+    with pytest.raises(ConfigError, match=rf"llama\.block_count is {blocks:,}, but the weights hold tensors of 2 "
+                                          r"layers \(blk\.0 \.\. blk\.1\)"):
+        llmrs.load(path, backend="numpy")
+    assert time.perf_counter() - started < 1.0
+
+
+def test_a_block_count_needs_every_layer_not_just_the_last(tmp_path):
+    """One tensor named blk.67108893.* must not make 67,108,894 layers plausible."""
+    md, tensors = tiny_parts(n_layers=2)
+    md["llama.block_count"] = 67_108_894
+    tensors["blk.67108893.attn_norm.weight"] = tensors.pop("blk.1.attn_norm.weight")
+    path = write(tmp_path / "last.gguf", md, tensors)
+    with pytest.raises(ConfigError, match=r"block_count is 67,108,894, but the weights hold tensors of 3 layers"):
+        llmrs.load(path, backend="numpy")
+
+
+@pytest.mark.parametrize("key, value, match", [
+    # the modulo by the head count ran before validate(): ZeroDivisionError
+    ("llama.attention.head_count", 0, r"'llama\.attention\.head_count' must be a positive integer, got 0"),
+    ("llama.rope.freq_base", "1e4", r"'llama\.rope\.freq_base' must be a number, got str"),
+    ("llama.attention.layer_norm_rms_epsilon", [1e-5], r"layer_norm_rms_epsilon' must be a number, got list"),
+])
+def test_impossible_gguf_metadata_is_a_config_error(tmp_path, key, value, match):
+    md, tensors = tiny_parts()
+    md[key] = value
+    path = write(tmp_path / "bad.gguf", md, tensors)
+    with pytest.raises(ConfigError, match=match):
+        llmrs.load(path, backend="numpy")
+
+
 def test_an_unknown_tensor_is_named(tmp_path):
     md, tensors = tiny_parts()
     tensors["mystery.weight"] = np.zeros(4, dtype=np.float32)
@@ -503,3 +543,59 @@ def test_short_text_over_the_context_gets_the_exact_token_count(tiny):
     """The cheap bound is only for huge text; a short prompt is encoded and counted exactly."""
     with pytest.raises(ValueError, match=r"prompt \(5 tokens\) \+ max_tokens \(100000\) exceeds"):
         tiny.generate("Hello", max_tokens=100_000)
+
+
+def test_chat_text_far_too_long_is_refused_before_it_is_rendered(tiny, monkeypatch):
+    """model.chat: every string the template sees counts toward the same cheap bound, before rendering."""
+    from llmrs_core.tokenizer import chat as chat_module
+
+    def must_not_render(*args, **kwargs):
+        raise AssertionError("the messages were rendered before the length check")
+
+    monkeypatch.setattr(chat_module, "render_chat_template", must_not_render)
+    huge = "a" * (40 * tiny.config.context_length)
+    for messages in ([{"role": "user", "content": huge}],
+                     [{"role": "user", "content": "hi", "name": huge}],  # not only the content
+                     [{"role": "user", "content": "a" * 600}] * 40):  # nor only one message
+        with pytest.raises(ValueError, match=r"messages \([0-9,]+ bytes, at least [0-9,]+ tokens\)"):
+            tiny.chat(messages, max_tokens=4)
+    with pytest.raises(ValueError, match=r"messages: 513 messages cannot fit the model's context length 512"):
+        tiny.chat([{"role": "user", "content": ""}] * 513, max_tokens=4)
+
+
+# -- 8. chat templates: the total work of one rendering is bounded ------------------------------
+
+TEMPLATE_BOMBS = {
+    # the sandbox bounds each range to 100,000 items, not their product: this ran without end
+    "nested ranges": ("{% for i in range(99999) %}{% for j in range(99999) %}{% endfor %}{% endfor %}",
+                      r"more than 1,000,000 loop iterations and calls"),
+    "a loop calling itself": ("{% for m in messages recursive %}{{ loop(messages + messages) }}{% endfor %}",
+                              r"recursed too deeply|more than 1,000,000 loop iterations and calls"),
+    "a macro calling itself": ("{% macro f(n) %}{{ f(n) }}{% endmacro %}{{ f(1) }}", r"recursed too deeply"),
+    "a huge repetition": ("{{ 'a' * 10**9 }}", r"a repetition of 1,000,000,000 characters"),
+    "a huge power": ("{{ 2 ** 100000000 }}", r"2 \*\* 100000000 has more than 4096 bits"),
+    "a huge output": ("{% for i in range(99999) %}{{ 'abcdefghijklmnopqrstuvwxyz' }}{% endfor %}",
+                      r"an output of [0-9,]+ characters"),
+    "a division by zero": ("{{ 1 / 0 }}", r"chat template failed: ZeroDivisionError"),
+}
+
+
+@pytest.mark.parametrize("template, match", TEMPLATE_BOMBS.values(), ids=TEMPLATE_BOMBS)
+def test_a_template_bomb_is_a_value_error_within_seconds(template, match):
+    from llmrs_core.tokenizer.chat import render_chat_template
+
+    started = time.perf_counter()
+    with pytest.raises(ValueError, match=match):
+        render_chat_template(template, [{"role": "user", "content": "hi"}])
+    assert time.perf_counter() - started < 5.0
+
+
+def test_a_bounded_template_renders_as_before():
+    """The bound is on the total work; a template using loop.length, ranges, * and ** still renders."""
+    from llmrs_core.tokenizer.chat import render_chat_template
+
+    template = ("{% for m in messages %}{{ loop.index }}/{{ loop.length }} {{ m.role }}: {{ m.content }}"
+                "{{ '!' * 3 }}{% if loop.last %}.{% endif %}\n{% endfor %}{{ 2 ** 10 }}{% for i in range(3) %}{{ i }}"
+                "{% endfor %}")
+    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]
+    assert render_chat_template(template, messages) == "1/2 user: hi!!!2/2 assistant: yo!!!.1024012"  # trim_blocks

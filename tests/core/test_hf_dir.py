@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import time
 
 import numpy as np
 import pytest
 
 import llmrs_core as llmrs
 from llmrs_core.backends import NumpyBackend
+from llmrs_core.config import ConfigError
 from llmrs_core.formats.hf import HFWeights, export_hf, gguf_to_hf_name, hf_to_gguf_name
 from llmrs_core.model import LlamaModel
 from llmrs_core.testing import float32_tolerance, normalised_error, write_tiny_llama
@@ -80,3 +82,50 @@ def test_smollm2_exported_to_hf_layout_gives_the_same_logits(model_path, tmp_pat
     weights = st.load_file(str(out / "model.safetensors"))
     assert weights["model.layers.0.self_attn.q_proj.weight"].shape == (576, 576)
     assert "lm_head.weight" not in weights, "tied embeddings: no separate output head"
+
+
+def exported(tmp_path, **config_changes):
+    """A tiny model exported as a Hugging Face directory, its config.json edited."""
+    tmp_path.mkdir(exist_ok=True)
+    write_tiny_llama(tmp_path / "tiny.gguf")
+    out = export_hf(tmp_path / "tiny.gguf", tmp_path / "hf")
+    config = json.loads((out / "config.json").read_text())
+    (out / "config.json").write_text(json.dumps({**config, **config_changes}).replace("Infinity", "1e400"))
+    return out
+
+
+def test_a_damaged_layer_count_is_refused_before_anything_per_layer(tmp_path):
+    """num_hidden_layers: 1000000 made load() list 9 tensor names per layer (2 GB, 30 s) before it
+    found the first one missing; now it is compared with the layers the weights hold, at once."""
+    out = exported(tmp_path, num_hidden_layers=1_000_000)
+    started = time.perf_counter()
+    with pytest.raises(ConfigError, match=r"num_hidden_layers is 1,000,000, but the weights hold tensors of 2 "
+                                          r"layers \(blk\.0 \.\. blk\.1\)"):
+        llmrs.load(out, backend="numpy")
+    assert time.perf_counter() - started < 1.0
+
+
+@pytest.mark.parametrize("key, value, match", [
+    ("num_hidden_layers", float("inf"), r"'num_hidden_layers' must be a finite number, got inf"),  # 1e400
+    ("hidden_size", float("inf"), r"'hidden_size' must be a finite number"),
+    ("rope_theta", float("inf"), r"'rope_theta' must be a finite number"),
+    ("num_attention_heads", 0, r"'num_attention_heads' must be a positive integer, got 0"),  # was ZeroDivisionError
+    ("intermediate_size", "64", r"'intermediate_size' must be an integer, got str '64'"),
+    ("num_hidden_layers", 2.5, r"'num_hidden_layers' must be an integer, got 2.5"),
+    ("rms_norm_eps", [1e-5], r"'rms_norm_eps' must be a number, got list"),
+])
+def test_an_impossible_config_json_value_is_a_config_error_naming_it(tmp_path, key, value, match):
+    out = exported(tmp_path, **{key: value})
+    with pytest.raises(ConfigError, match=match):
+        HFWeights(out)
+
+
+def test_json_nested_too_deeply_is_a_value_error(tmp_path):
+    out = exported(tmp_path)
+    (out / "config.json").write_text("[" * 200_000)
+    with pytest.raises(ValueError, match=r"config\.json: JSON nested too deeply"):
+        HFWeights(out)
+    out = exported(tmp_path / "again")
+    (out / "tokenizer.json").write_text("[" * 200_000)
+    with pytest.raises(ValueError, match=r"tokenizer\.json: JSON nested too deeply"):
+        llmrs.load(out, backend="numpy").tokenizer  # noqa: B018

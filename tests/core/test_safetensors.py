@@ -117,6 +117,8 @@ CASES = [
     ("trailing bytes", with_header({"x": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}, bytes(8)), r"index 4"),
     ("bad metadata", with_header({"__metadata__": {"a": 1}}), r"__metadata__ must map strings"),
     ("huge shape", with_header({"x": {"dtype": "F32", "shape": [2**40, 2**40], "data_offsets": [0, 4]}}, bytes(4)), r"needs"),
+    # 200,000 nested arrays: Python's JSON parser recurses, so this was a RecursionError
+    ("nested too deeply", struct.pack("<Q", 200_000) + b"[" * 200_000, r"nested too deeply"),
 ]
 
 
