@@ -653,8 +653,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--exact", action="store_true", help="numba backend: keep every product on the float kernels (within float32 rounding of numpy) instead of the int8 decode path (llama.cpp's arithmetic)")
     p.add_argument("--max-num-seqs", type=int, default=16, help="requests running at once (default 16)")
     p.add_argument("--num-blocks", type=int, default=512, help="KV-cache blocks of 16 tokens (default 512)")
-    p.add_argument("--max-queue", type=int, metavar="N",
-                   help="answer 429 when more than N requests wait (default: no limit)")
+    p.add_argument("--max-queue", type=int, default=256, metavar="N",
+                   help="answer 429 (with Retry-After) when more than N sequences wait for the engine (default 256)")
     p.add_argument("--api-key", metavar="KEY",
                    help="require Authorization: Bearer KEY on /v1/* (default: $LLMRS_API_KEY, else none)")
     p.add_argument("--served-model-name", metavar="NAME", help="the model's name in the API (default: the file's stem)")

@@ -25,6 +25,8 @@ model really produced broken text.
 
 from __future__ import annotations
 
+import functools
+from collections import deque
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
@@ -34,34 +36,89 @@ if TYPE_CHECKING:
 FINISH_REASONS = ("stop", "length", "abort", "error")
 
 
+class _StopAutomaton:
+    """Aho–Corasick over a tuple of stop strings: after each character, in constant time
+    (amortised), the longest suffix of the text that begins some stop string (its ``depth``:
+    what to hold back) and the first-listed stop string that ends at that character, if any
+    (``match``; -1: none). Built once per set of stop strings (:func:`_automaton`, cached)."""
+
+    def __init__(self, stops: tuple[str, ...]):
+        goto: list[dict[str, int]] = [{}]
+        depth, match = [0], [-1]
+        for i, s in enumerate(stops):
+            node = 0
+            for c in s:
+                child = goto[node].get(c)
+                if child is None:
+                    child = len(goto)
+                    goto[node][c] = child
+                    goto.append({})
+                    depth.append(depth[node] + 1)
+                    match.append(-1)
+                node = child
+            if match[node] < 0:
+                match[node] = i
+        fail = [0] * len(goto)
+        queue = deque(goto[0].values())
+        while queue:  # breadth first: a node's failure target is shallower, hence finished
+            node = queue.popleft()
+            for c, child in goto[node].items():
+                f = fail[node]
+                while f and c not in goto[f]:
+                    f = fail[f]
+                target = goto[f].get(c, 0)
+                fail[child] = target
+                if match[target] >= 0 and (match[child] < 0 or match[target] < match[child]):
+                    match[child] = match[target]  # a shorter stop string ends here too
+                queue.append(child)
+        self.goto, self.fail, self.depth, self.match = goto, fail, depth, match
+
+
+@functools.lru_cache(maxsize=64)
+def _automaton(stops: tuple[str, ...]) -> _StopAutomaton:
+    return _StopAutomaton(stops)
+
+
 class StopStringFilter:
-    """Passes text through, holding back any tail that could begin a stop string."""
+    """Passes text through, holding back any tail that could begin a stop string.
+
+    The text ends before the first stop string to complete (of those completing at the same
+    character, the first listed). Each character costs the same whatever the number and length
+    of the stop strings (an Aho–Corasick automaton, :class:`_StopAutomaton`): the engine runs
+    this for every token of every request, and one request's stop list must not slow the
+    others (``validation.MAX_STOP_STRINGS`` bounds the automaton's size).
+    """
 
     def __init__(self, stops: Sequence[str]):
         self.stops = [s for s in stops if s]
         self.pending = ""
         self.hit: str | None = None
+        self._automaton = _automaton(tuple(self.stops)) if self.stops else None
+        self._state = 0
 
     def feed(self, text: str) -> str:
+        a = self._automaton
+        if a is None:
+            return text
+        goto, fail, match = a.goto, a.fail, a.match
+        state = self._state
+        for i, c in enumerate(text):
+            while state and c not in goto[state]:
+                state = fail[state]
+            state = goto[state].get(c, 0)
+            if match[state] >= 0:
+                self.hit = self.stops[match[state]]
+                seen = self.pending + text[: i + 1]
+                self.pending, self._state = "", 0
+                return seen[: len(seen) - len(self.hit)]
+        self._state = state
         self.pending += text
-        for s in self.stops:
-            i = self.pending.find(s)
-            if i >= 0:
-                self.hit = s
-                out, self.pending = self.pending[:i], ""
-                return out
-        hold = 0
-        for s in self.stops:
-            for n in range(min(len(s) - 1, len(self.pending)), 0, -1):
-                if self.pending.endswith(s[:n]):
-                    hold = max(hold, n)
-                    break
-        out = self.pending[: len(self.pending) - hold]
+        out = self.pending[: len(self.pending) - a.depth[state]]
         self.pending = self.pending[len(out) :]
         return out
 
     def flush(self) -> str:
-        out, self.pending = self.pending, ""
+        out, self.pending, self._state = self.pending, "", 0
         return out
 
 

@@ -14,6 +14,14 @@ The chain, in this order (as in vLLM and Hugging Face transformers):
 7. **sample** from the renormalised distribution with a seeded generator.
 
 Filters set removed logits to ``-inf``; shapes are ``[vocab]`` throughout.
+
+**Finite by construction.** The chain computes in float64 (a float32 logit
+divided by a small penalty or temperature can overflow float32 to ``inf``,
+and ``inf - inf`` is NaN in the softmax), clamps what overflows even float64
+to ``±``:data:`LOGIT_LIMIT`, and checks the distribution it draws from:
+finite logits always give a finite distribution, and anything else (NaN
+logits from a caller) is a ``ValueError`` — in the engine, the error of that
+one request, never a NaN passed to the generator.
 """
 
 from __future__ import annotations
@@ -28,6 +36,11 @@ from .validation import check_float, check_int
 
 #: temperatures below this are greedy (vLLM's rule): dividing by them overflows float32
 MIN_TEMPERATURE = 1e-5
+#: the range of ``repetition_penalty``: dividing or multiplying a logit by at most 100 keeps any
+#: model's logits finite in float32 too (vLLM takes any value > 0: 1e-38 overflowed to ``inf``)
+MIN_REPETITION_PENALTY, MAX_REPETITION_PENALTY = 0.01, 100.0
+#: logits are clamped to ``[-LOGIT_LIMIT, LOGIT_LIMIT]`` (float32's largest finite value) before the softmax
+LOGIT_LIMIT = float(np.finfo(np.float32).max)
 
 
 @dataclass(frozen=True)
@@ -35,9 +48,13 @@ class SamplingParams:
     """How to pick tokens. The defaults are greedy decoding.
 
     Every field is checked on construction, with a ``ValueError`` naming it:
-    finite numbers of the right type; presence and frequency penalties in
-    [-2, 2] (the OpenAI API's range); a temperature below
-    :data:`MIN_TEMPERATURE` is taken as 0 (greedy), as vLLM does.
+    finite numbers of the right type; ``temperature >= 0`` (a temperature below
+    :data:`MIN_TEMPERATURE` is taken as 0, greedy, as vLLM does); ``top_k >= 0``
+    (0: off); ``top_p`` in (0, 1]; ``min_p`` in [0, 1]; presence and frequency
+    penalties in [-2, 2] (the OpenAI API's range); ``repetition_penalty`` in
+    [:data:`MIN_REPETITION_PENALTY`, :data:`MAX_REPETITION_PENALTY`] = [0.01, 100]
+    (1: off); ``seed`` in [0, 2**63). Within these ranges every finite logit vector
+    gives a finite distribution.
     """
 
     temperature: float = 0.0
@@ -67,7 +84,9 @@ class SamplingParams:
              f"frequency_penalty must be in [-2, 2], got {self.frequency_penalty}"),
             (0 < self.top_p <= 1, f"top_p must be in (0, 1], got {self.top_p}"),
             (0 <= self.min_p <= 1, f"min_p must be in [0, 1], got {self.min_p}"),
-            (self.repetition_penalty > 0, f"repetition_penalty must be > 0, got {self.repetition_penalty}"),
+            (MIN_REPETITION_PENALTY <= self.repetition_penalty <= MAX_REPETITION_PENALTY,
+             f"repetition_penalty must be in [{MIN_REPETITION_PENALTY:g}, {MAX_REPETITION_PENALTY:g}] "
+             f"(1 is no penalty), got {self.repetition_penalty}"),
         ]
         for ok, message in checks:
             if not ok:
@@ -85,8 +104,8 @@ def apply_penalties(
     presence_penalty: float = 0.0,
     frequency_penalty: float = 0.0,
 ) -> np.ndarray:
-    """Penalise tokens in ``history`` (a new array; ``logits`` is not changed)."""
-    out = np.array(logits, dtype=np.float32, copy=True)
+    """Penalise tokens in ``history`` (a new float64 array; ``logits`` is not changed)."""
+    out = np.array(logits, dtype=np.float64, copy=True)
     if len(history) == 0:
         return out
     ids, counts = np.unique(np.asarray(history, dtype=np.int64), return_counts=True)
@@ -101,25 +120,25 @@ def apply_temperature(logits: np.ndarray, temperature: float) -> np.ndarray:
     """``logits / temperature`` (``temperature > 0``)."""
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0 here (0 means greedy), got {temperature}")
-    return np.asarray(logits, dtype=np.float32) / np.float32(temperature)
+    return np.asarray(logits, dtype=np.float64) / float(temperature)
 
 
 def top_k_filter(logits: np.ndarray, k: int) -> np.ndarray:
     """Keep the ``k`` largest logits (ties at the boundary are all kept); ``k <= 0`` keeps all."""
-    logits = np.asarray(logits, dtype=np.float32)
+    logits = np.asarray(logits, dtype=np.float64)
     if k <= 0 or k >= logits.size:
         return logits.copy()
     threshold = np.partition(logits, -k)[-k]
-    return np.where(logits >= threshold, logits, -np.inf).astype(np.float32)
+    return np.where(logits >= threshold, logits, -np.inf)
 
 
 def top_p_filter(logits: np.ndarray, p: float) -> np.ndarray:
     """Keep the most likely tokens until their probability reaches ``p``, the crossing one included."""
-    logits = np.asarray(logits, dtype=np.float32)
+    logits = np.asarray(logits, dtype=np.float64)
     if p >= 1.0:
         return logits.copy()
     order = np.argsort(-logits, kind="stable")
-    probs = softmax(logits[order].astype(np.float64))
+    probs = softmax(logits[order])
     before = np.cumsum(probs) - probs  # mass of the tokens ranked above each one
     keep_sorted = before < p  # the first token always stays
     out = np.full_like(logits, -np.inf)
@@ -130,12 +149,12 @@ def top_p_filter(logits: np.ndarray, p: float) -> np.ndarray:
 
 def min_p_filter(logits: np.ndarray, min_p: float) -> np.ndarray:
     """Drop tokens whose probability is below ``min_p`` times the most likely token's."""
-    logits = np.asarray(logits, dtype=np.float32)
+    logits = np.asarray(logits, dtype=np.float64)
     if min_p <= 0:
         return logits.copy()
     # p_i / p_max = exp(l_i - l_max): no normalisation needed
     keep = logits >= logits.max() + np.log(min_p)
-    return np.where(keep, logits, -np.inf).astype(np.float32)
+    return np.where(keep, logits, -np.inf)
 
 
 def sample_token(
@@ -144,17 +163,27 @@ def sample_token(
     rng: np.random.Generator,
     history: Sequence[int] = (),
 ) -> int:
-    """Run the whole chain (see the module docstring) and return one token id."""
+    """Run the whole chain (see the module docstring) and return one token id.
+
+    In float64, clamped to ``±LOGIT_LIMIT``; ``ValueError`` if ``logits`` hold NaN or the
+    distribution is not finite (never a NaN handed to the generator)."""
     x = apply_penalties(
         logits, history, params.repetition_penalty, params.presence_penalty, params.frequency_penalty
     )
+    if np.isnan(x).any():
+        raise ValueError(f"the logits hold NaN at {int(np.isnan(x).sum())} of {x.size} positions: nothing to "
+                         "sample from")
+    x = np.clip(x, -LOGIT_LIMIT, LOGIT_LIMIT)  # -inf (a masked token) stays -inf
     if params.greedy:
         return int(np.argmax(x))
-    x = apply_temperature(x, params.temperature)
+    x = np.clip(apply_temperature(x, params.temperature), -LOGIT_LIMIT, LOGIT_LIMIT)
     x = top_k_filter(x, params.top_k)
     x = top_p_filter(x, params.top_p)
     x = min_p_filter(x, params.min_p)
-    probs = softmax(x.astype(np.float64))
+    probs = softmax(x)
+    total = probs.sum()
+    if not (np.isfinite(probs).all() and total > 0):
+        raise ValueError(f"the sampling distribution is not finite (sum {total}) for {params}")
     return int(rng.choice(probs.size, p=probs))
 
 

@@ -61,17 +61,28 @@ def check_max_tokens(value: Any) -> int:
     return check_int("max_tokens", value, minimum=1)
 
 
+#: the most stop strings a request may give (OpenAI's API allows 4), and the longest one, in characters:
+#: the engine checks every generated character against them (``output.StopStringFilter``)
+MAX_STOP_STRINGS = 16
+MAX_STOP_CHARS = 256
+
+
 def normalise_stop(stop: Any) -> tuple[str, ...]:
-    """Stop strings as a tuple: one string is *one* stop string (not its characters)."""
+    """Stop strings as a tuple: one string is *one* stop string (not its characters). At most
+    :data:`MAX_STOP_STRINGS` strings of at most :data:`MAX_STOP_CHARS` characters each."""
     if stop is None:
         return ()
     if isinstance(stop, str):
-        return (stop,) if stop else ()
+        stop = [stop]
     if isinstance(stop, (bytes, bytearray)) or not isinstance(stop, Sequence):
         raise ValueError(f"stop must be a string or a list of strings, got {_describe(stop)}")
-    for s in stop:
+    if len(stop) > MAX_STOP_STRINGS:
+        raise ValueError(f"stop has {len(stop):,} strings; the limit is {MAX_STOP_STRINGS}")
+    for i, s in enumerate(stop):
         if not isinstance(s, str):
             raise ValueError(f"stop must be a string or a list of strings; one entry is {_describe(s)}")
+        if len(s) > MAX_STOP_CHARS:
+            raise ValueError(f"stop string {i} is {len(s):,} characters long; the limit is {MAX_STOP_CHARS}")
     return tuple(s for s in stop if s)
 
 
@@ -201,6 +212,8 @@ def prompt_ids(
 
 
 __all__ = [
+    "MAX_STOP_CHARS",
+    "MAX_STOP_STRINGS",
     "check_fits_context",
     "check_float",
     "check_int",

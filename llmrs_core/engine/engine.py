@@ -304,6 +304,16 @@ class Engine:
                 results.append(e)
         return results
 
+    def probe(self) -> None:
+        """Run a known-good input through the model: one token (id 0) on a one-token KV cache of
+        its own, outside the block pool (no request's state is touched). Returns if the model
+        computes finite logits; raises what the forward pass raised otherwise (a broken backend or
+        device: ``NonFiniteError`` for NaN logits). The server's engine loop runs it after a step
+        in which every request failed, to tell a broken engine from requests that fail alone."""
+        config, backend = self.model.config, self.model.backend
+        cache = backend.engine_parts().kv_cache(config, 1, xp=backend.xp)
+        self.model.forward_batch([([0], cache)], last_only=True)
+
     def _advance(self, r: Request, token: int, now: float, logprob: TokenLogprob | None = None) -> RequestOutput:
         """Feed ``r``'s new token to its output stream; finish it if that ended it."""
         state = self._states[r.request_id]

@@ -26,11 +26,21 @@ thread owns the engine. Every refusal happens before the first byte of the
 answer, in OpenAI's error shape: 400 naming the field, 401 without the API
 key (``/health``, ``/ready`` and ``/metrics`` stay open), 404 ``model_not_found``, 413 for
 a body over ``max_body_bytes``, 431 for headers past :mod:`.limits`' bounds, 429 with ``Retry-After`` past ``max_queue``
-waiting requests, 503 when the engine loop is dead or draining. A client that
-disconnects, streaming or not, aborts its requests before the next engine step.
+waiting requests (:data:`DEFAULT_MAX_QUEUE` unless told otherwise), 503 when the
+engine loop is dead or draining. A client that disconnects, streaming or not,
+aborts its requests before the next engine step.
 
-Faults (chapter 12.3, :mod:`.loop`): a request whose engine step failed gets a
-500 (or an error event in its stream, then ``[DONE]``) and the loop restarts
+One client cannot hold the engine for the others: a call brings at most
+``protocol.MAX_SEQUENCES`` sequences (prompts × ``n``) and at most
+``validation.MAX_STOP_STRINGS`` stop strings, and the engine (policy
+``"priority"``) admits the sequences of concurrent calls round-robin: the k-th
+sequence of a call has priority k (:mod:`.loop`, Fairness).
+
+Faults (chapter 12.3, :mod:`.loop`): a request that failed in the engine gets a
+500 (or an error event in its stream, then ``[DONE]``) with a stable message
+and code (its error, with the exception, goes to the request log only; any
+other unexpected error is a 500 ``internal server error`` and an
+``{"event": "internal_error"}`` line); if the model fails a probe too, the loop restarts
 with a fresh engine (``llmrs:engine_restarts_total``; one JSON line
 ``{"event": "engine_failure", ...}`` with the step's batch in the request log,
 or on stderr without one); a request past ``request_timeout`` a 504; a stream
@@ -46,6 +56,7 @@ import contextlib
 import json
 import secrets
 import time
+import traceback
 from collections.abc import AsyncIterator
 from typing import Any, TextIO
 
@@ -60,7 +71,7 @@ from ..loader import Model
 from ..validation import check_fits_context, check_token_ids, precheck_chat, precheck_text, prompt_ids
 from .encode_pool import EncodePool, text_size
 from .limits import HeaderLimits
-from .loop import EngineLoop, EngineRequest, QueueFullError, StreamError
+from .loop import ENGINE_FAILED, EngineLoop, EngineRequest, QueueFullError, StreamError
 from .metrics import ServerMetrics
 from .protocol import (
     APIError,
@@ -79,6 +90,10 @@ DEFAULT_STREAM_BUFFER = 256
 #: the default generation budget of /v1/completions (OpenAI's and vLLM's); chat's is the rest of the context
 DEFAULT_COMPLETION_MAX_TOKENS = 16
 MAX_BODY_BYTES = 8 * 2**20
+#: the default bound on sequences waiting for the engine (``--max-queue``): past it, 429 and ``Retry-After``
+DEFAULT_MAX_QUEUE = 256
+#: the message of a 500 for an unexpected error (the exception goes to the log, never to a client)
+INTERNAL_ERROR = "internal server error (the server's log has the details)"
 
 
 def create_app(
@@ -88,7 +103,7 @@ def create_app(
     max_num_seqs: int = 16,
     num_blocks: int = 512,
     block_size: int = 16,
-    max_queue: int | None = None,
+    max_queue: int | None = DEFAULT_MAX_QUEUE,
     api_key: str | None = None,
     warm_up: bool = True,
     max_body_bytes: int = MAX_BODY_BYTES,
@@ -105,7 +120,7 @@ def create_app(
     """An app serving ``model`` (which needs a tokenizer) through one continuous-batching engine.
 
     The engine (``max_num_seqs`` running at once, a pool of ``num_blocks`` KV blocks of
-    ``block_size`` tokens) is built — and with ``warm_up`` its kernels compiled — in the
+    ``block_size`` tokens, at most ``max_queue`` sequences waiting — ``None``: no bound) is built — and with ``warm_up`` its kernels compiled — in the
     engine-loop thread when the app starts; ``/health`` is 503 until then. The model's
     name in the API is ``served_model_name`` (default: the file's stem). ``stream_events``
     writes the SSE events of streamed answers (Exercise 11.6 plugs the learner's in here).
@@ -140,10 +155,10 @@ def create_app(
             _warm_up_engine(model, block_size)
         built.append(1)
         return Engine(model.network, tokenizer, num_blocks=num_blocks, block_size=block_size,
-                      max_num_seqs=max_num_seqs)
+                      max_num_seqs=max_num_seqs, policy="priority")  # round-robin across calls (.loop)
 
     def on_failure(record: dict) -> None:
-        if record["action"] == "restart":
+        if record.get("action") == "restart":
             metrics.observe_restart()
         observer.log_event(record)
 
@@ -181,8 +196,11 @@ def create_app(
 
     @app.exception_handler(Exception)
     async def internal_error(request: Request, e: Exception) -> JSONResponse:
-        return JSONResponse(error_body(f"internal error: {type(e).__name__}: {e}", "server_error", code=500),
-                            status_code=500)
+        """A bug: the client gets a stable message; the exception and its traceback go to the log."""
+        observer.log_event({"event": "internal_error", "time": round(time.time(), 3), "method": request.method,
+                            "path": request.url.path, "error": f"{type(e).__name__}: {e}",
+                            "traceback": "".join(traceback.format_exception(e))})
+        return JSONResponse(error_body(INTERNAL_ERROR, "server_error", code=500), status_code=500)
 
     async def authorised(request: Request) -> None:
         if api_key is None:
@@ -251,14 +269,18 @@ def create_app(
                 choice_of[rid] = p * req.n + j
                 prompt_of[rid] = req.prompts[p]
                 requests.append(EngineRequest(rid, ids, max_tokens, req.sampling_for(j), req.stop, req.ignore_eos,
-                                              req.logprobs))
+                                              req.logprobs, priority=p * req.n + j))
         client = f"{request.client.host}:{request.client.port}" if request.client else ""
         observer.register(list(choice_of), client, context_from_headers(request.headers), prompt_of)
+        if req.n > 1:  # the n choices of a prompt count its tokens once, as usage.prompt_tokens does
+            for p in range(len(encoded)):
+                metrics.share_prompt([r.request_id for r in requests[p * req.n:(p + 1) * req.n]])
         try:
             try:
                 stream = await engine_loop.submit(requests, timeout=request_timeout, bounded=req.stream)
             except BaseException:
                 observer.discard(list(choice_of))
+                metrics.forget(list(choice_of))
                 raise
         except QueueFullError as e:
             raise APIError(429, str(e), code="rate_limit_exceeded", headers={"Retry-After": "1"}) from None
@@ -299,8 +321,8 @@ def create_app(
             return JSONResponse(answer.result())
         except StreamError as e:  # dead or stalled (503), its deadline (504)
             raise APIError(e.status, str(e)) from None
-        except RuntimeError as e:  # the request failed in the engine
-            raise APIError(500, str(e)) from None
+        except RuntimeError as e:  # the request failed in the engine (a stable message: .loop.REQUEST_FAILED)
+            raise APIError(500, str(e), code=500) from None
 
     @app.post("/v1/completions", dependencies=guarded)
     async def completions(request: Request) -> Response:
@@ -369,12 +391,13 @@ def create_app(
         return {"prompt": tokenizer.decode(ids)}
 
     def status_body(state: str) -> dict:
+        """The probes' body: the state, restarts, and for a failed loop the stable ENGINE_FAILED (the
+        reason itself, which may name a request and its error, is in the log: probes are public)."""
         body: dict = {"status": state}
         if engine_loop.restarts:
             body["restarts"] = engine_loop.restarts
-        error = engine_loop.error or (engine_loop.last_failure if state != "ready" else None)
-        if error is not None:
-            body["error"] = error
+        if engine_loop.error is not None:
+            body["error"] = ENGINE_FAILED
         return body
 
     @app.get("/health")

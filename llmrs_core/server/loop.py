@@ -36,14 +36,26 @@ state           ``/ready``  ``/health``  meaning
 ``stopped``     503         503          the loop has shut down
 ==============  ==========  ===========  ====================================================================
 
-* **A failing step.** The engine already fails *one* request alone when its
-  own forward pass or sampler raises (finish reason ``"error"``). The loop
-  treats as an engine failure any exception that escapes an iteration (a bug
-  in the scheduler, the pool, a callback) and a step in which *every* request
-  it ran failed (the batch failed, and each sequence again alone: a backend
-  that is broken, not a bad request; a step of *one* request that fails alone
-  counts too, as the loop cannot tell the two apart — a false alarm costs a
-  fresh pool, and the queue behind it is retried). Then every request in that step's batch
+* **A request's failure is that request's failure.** The engine fails *one*
+  request alone when its own forward pass or sampler raises (finish reason
+  ``"error"``): that client gets its error (HTTP 500, or an error event) and
+  nothing else happens — no restart, nothing counted toward the crash-loop
+  guard, whatever the request's parameters or prompt. Sampling errors are
+  always a request's own (the sampler cannot make NaN from finite logits, and
+  the parameters that could break it are refused with a 400 up front).
+* **An engine failure** is one of two things:
+
+  1. an exception that escapes an iteration (a bug in the scheduler, the pool,
+     a callback: nothing a request's parameters reach);
+  2. a step in which *every* request it ran failed (the batch failed, and each
+     sequence again alone) **and a known-good probe then fails too**
+     (``Engine.probe``: one token through the same model and backend, on a
+     KV cache of its own). If the probe passes, the model computes: those
+     requests failed alone, each gets its error, and the engine goes on. So
+     no request, nor any number of them, can drive the crash-loop guard: only
+     a model or device that fails on an input every request could have sent.
+
+  Then every request in that step's batch
   — and any preempted request that already streamed tokens — gets an error
   (HTTP 500, or an error event), the failure is reported to ``on_failure`` as
   one record (the app writes it as a JSON log line and counts
@@ -84,18 +96,33 @@ state           ``/ready``  ``/health``  meaning
   new submissions are refused (503) at once; requests in flight go on, and
   those still running after the drain timeout are aborted with an error.
 * If a ``BaseException`` escapes the loop, or a fresh engine cannot be built,
-  the loop is ``failed``: :attr:`EngineLoop.error` says why, every open stream
-  raises :class:`EngineDeadError`, and so does every later ``submit``.
+  the loop is ``failed``: :attr:`EngineLoop.error` says why (for the operator:
+  it goes to ``on_failure``, the log), every open stream raises
+  :class:`EngineDeadError`, and so does every later ``submit``.
+* **What clients are told.** Error messages that reach a client are stable
+  texts that name only that client's own request: :data:`REQUEST_FAILED`,
+  :data:`ENGINE_RESTARTED`, :data:`ENGINE_FAILED` — never an exception's class
+  or text, nor another request's id. The details (exception, batch, request
+  ids) go to the log only: each request's JSON line (its ``error``) and the
+  ``engine_failure`` records.
+
+Fairness. Requests are queued in the engine in the order of their
+``priority`` (lower first, then arrival: the engine's ``"priority"`` policy);
+the server gives the k-th sequence of one HTTP call priority k, so a call
+with many sequences (prompts × ``n``) cannot starve a call that arrives after
+it: calls are admitted round-robin, one sequence each per round.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from ..engine import Engine, RequestOutput
 from ..sampling import SamplingParams
@@ -130,12 +157,23 @@ class QueueFullError(RuntimeError):
     """More requests are waiting than the server's ``max_queue`` allows (an HTTP 429)."""
 
 
+#: what the client of a request that failed in the engine is told (the error itself goes to the log)
+REQUEST_FAILED = "request {id!r} failed: the server could not compute it (the server's log has the details)"
+#: ... of a request failed with the engine, which was then rebuilt
+ENGINE_RESTARTED = ("request {id!r} failed: the server's engine failed during its step and was restarted "
+                    "(the server's log has the details)")
+#: ... and once the engine has failed for good (every later request, and ``/ready``)
+ENGINE_FAILED = "the server's engine failed for good and takes no requests (the server's log says why)"
+
+
 @dataclass(frozen=True)
 class EngineRequest:
     """One engine request, as a handler prepares it: the prompt is already token ids.
 
     ``ignore_eos`` generates exactly ``max_tokens`` (benchmarks); ``logprobs``: see
-    ``Engine.add_request``.
+    ``Engine.add_request``. ``priority``: the engine's admission order (lower first, then
+    arrival); the server gives the k-th sequence of an HTTP call priority k (see Fairness
+    in the module docstring).
     """
 
     request_id: str
@@ -145,6 +183,7 @@ class EngineRequest:
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
     logprobs: int | None = None
+    priority: int = 0
 
 
 _WAKE = object()  # wakes a reader after fail(); carries nothing
@@ -264,11 +303,12 @@ def _call_soon(loop: asyncio.AbstractEventLoop, fn: Callable, *args: object) -> 
 
 
 class _StepFailed(Exception):
-    """Every request of an engine step failed (their error outputs, already observed by
-    ``on_step``, are delivered by ``_recover`` once the failure is logged)."""
+    """Every request of an engine step failed, and so did the probe (their error outputs,
+    already observed by ``on_step``, are delivered by ``_recover`` once the failure is logged)."""
 
-    def __init__(self, outputs: list[RequestOutput], batch: list[dict]):
-        super().__init__(outputs[0].error or "every request of the step failed")
+    def __init__(self, outputs: list[RequestOutput], batch: list[dict], probe_error: str):
+        super().__init__(f"every request of the step failed ({outputs[0].error or 'no message'}), and so did "
+                         f"a probe of the model ({probe_error})")
         self.outputs = outputs
         self.batch = batch
 
@@ -485,7 +525,7 @@ class EngineLoop:
     def _refusal(self) -> str | None:
         """Why a submission is refused now (under ``_cond``), or ``None``."""
         if self.error is not None:
-            return self.error
+            return ENGINE_FAILED
         if self._stopping:
             return "the server is shutting down"
         if self._draining:
@@ -536,9 +576,12 @@ class EngineLoop:
                         return
                 del submissions  # while the loop sleeps it holds no request's stream
             self._shut_down(engine, EngineDeadError("the server is shutting down"), "stopped")
-        except BaseException as e:  # the loop is dead: say why to everyone waiting on it
+        except BaseException as e:  # the loop is dead: say why in the log, and ENGINE_FAILED to everyone waiting
             self.error = f"the engine loop failed: {type(e).__name__}: {e}"
-            self._shut_down(engine, EngineDeadError(self.error), "failed")
+            self._report({"event": "engine_failure", "time": round(time.time(), 3), "error": self.error,
+                          "where": "loop" if self.ready.is_set() else "start", "action": "unready",
+                          "failed": sorted(self._streams)})
+            self._shut_down(engine, EngineDeadError(ENGINE_FAILED), "failed")
 
     def _iterate(self, engine: Engine, submissions: list[_Submission], aborts: set[str]) -> None:
         """One iteration: admit, apply aborts, step, observe, deliver, release."""
@@ -556,9 +599,12 @@ class EngineLoop:
             engine.check_progress(outputs)
         failed = None
         if outputs and not engine.scheduler.running and all(o.finish_reason == "error" for o in outputs):
-            # the batch failed, and each sequence again alone: the engine's fault, not a request's.
-            # Its error outputs reach their clients from _recover, after the failure is logged.
-            failed = _StepFailed(outputs, self._batch(engine, [o.request_id for o in outputs]))
+            # the batch failed, and each sequence again alone: the engine's fault only if a known-good
+            # probe fails too (else the requests failed alone). Its error outputs then reach their
+            # clients from _recover, after the failure is logged.
+            probe_error = self._probe(engine)
+            if probe_error is not None:
+                failed = _StepFailed(outputs, self._batch(engine, [o.request_id for o in outputs]), probe_error)
         if self._on_step is not None:  # metrics and log lines first: a client holding its answer finds them
             self._on_step(engine, aborted + outputs)
         if failed is None:
@@ -572,11 +618,26 @@ class EngineLoop:
 
     def _step(self, engine: Engine) -> list[RequestOutput]:
         """``engine.step()``, timed for the watchdog; :class:`_StepStalled` if it gave the step up."""
+        return self._timed(engine.step)
+
+    def _probe(self, engine: Engine) -> str | None:
+        """``engine.probe()``, timed for the watchdog: ``None`` if the model computes, else why not."""
+        try:
+            self._timed(engine.probe)
+        except _StepStalled:
+            raise
+        except Exception as e:
+            return f"{type(e).__name__}: {e}"
+        return None
+
+    def _timed(self, work: Callable[[], Any]) -> Any:
+        """Run ``work`` (a step or a probe) under the watchdog's eye; :class:`_StepStalled` if it
+        gave it up meanwhile."""
         with self._cond:
             self._step_started = time.monotonic()
-        error = None
+        error = result = None
         try:
-            outputs = engine.step()
+            result = work()
         except Exception as e:
             error = e
         with self._cond:
@@ -586,7 +647,7 @@ class EngineLoop:
             raise _StepStalled(f"an engine step ran for more than {self.step_timeout:g} s (--step-timeout)")
         if error is not None:
             raise error
-        return outputs
+        return result
 
     def _admit(self, engine: Engine, s: _Submission, aborts: set[str]) -> None:
         """Add one submission's requests (all or none); settle its future."""
@@ -604,7 +665,10 @@ class EngineLoop:
                 engine.abort(rid)
                 engine.release(rid)
             if not isinstance(e, ValueError):
-                e = StreamError(f"the engine could not take the request: {type(e).__name__}: {e}")
+                self._report({"event": "admission_error", "time": round(time.time(), 3),
+                              "error": f"{type(e).__name__}: {e}", "where": "admission", "action": "refused",
+                              "failed": [r.request_id for r in s.requests]})
+                e = StreamError("the engine could not take the request (the server's log has the details)")
             _call_soon(loop, _settle, s.accepted, e)
             return
         for r in s.requests:
@@ -615,12 +679,16 @@ class EngineLoop:
     @staticmethod
     def _add(engine: Engine, r: EngineRequest) -> str:
         return engine.add_request(r.prompt_ids, r.max_tokens, r.sampling, r.stop, request_id=r.request_id,
-                                  ignore_eos=r.ignore_eos, logprobs=r.logprobs)
+                                  ignore_eos=r.ignore_eos, logprobs=r.logprobs, priority=r.priority)
 
-    def _deliver(self, out: RequestOutput) -> None:
+    def _deliver(self, out: RequestOutput, error: str = REQUEST_FAILED) -> None:
+        """Hand ``out`` to its stream; an error output carries ``error`` (a stable text, formatted
+        with the request's id) instead of the engine's message, which only the log sees."""
         stream = self._streams.get(out.request_id)
         if stream is None:
             return
+        if out.finish_reason == "error":
+            out = dataclasses.replace(out, error=error.format(id=out.request_id))
         if out.finished:
             del self._streams[out.request_id]
             self._requests.pop(out.request_id, None)
@@ -666,21 +734,21 @@ class EngineLoop:
                 pass
         own = {o.request_id: o for o in error.outputs} if isinstance(error, _StepFailed) else {}
         answers = [RequestOutput(rid, [], "", True, "error", error=f"request {rid!r} failed: {text}")
-                   for rid in failed if rid not in own]
+                   for rid in failed if rid not in own]  # for the log; clients get ENGINE_RESTARTED
         gone = [rid for rid in (self._stall_ids if stalled else ()) if rid in engine.requests]
         # metrics and the log line first: a client that has its error finds both already written
         self._observe_quietly(engine, answers + [RequestOutput(rid, [], "", True, "error", error=message)
                                                  for rid in gone])
         self._report(record)
         for out in answers + list(own.values()):  # the step's own errors were observed by on_step
-            self._deliver(out)
+            self._deliver(out, ENGINE_FAILED if give_up else ENGINE_RESTARTED)
         if give_up:
             self.error = (f"the engine failed {len(self._failures)} times within {self.restart_window:g} s, "
                           f"the last time: {message}; the server is unready for good")
             with self._cond:
                 self._submissions.extendleft(reversed(unadmitted))
                 self._pending += sum(len(s.requests) for s in unadmitted)
-            self._shut_down(engine, EngineDeadError(self.error), "failed")
+            self._shut_down(engine, EngineDeadError(ENGINE_FAILED), "failed")
             return None
         with self._cond:
             self.state = "restarting"
@@ -693,8 +761,10 @@ class EngineLoop:
                 self._streams[rid], self._requests[rid] = stream, request
         except BaseException as e:
             self.error = f"the engine could not be rebuilt after a failure: {type(e).__name__}: {e}"
+            self._report({"event": "engine_failure", "time": round(time.time(), 3), "error": self.error,
+                          "where": "rebuild", "action": "unready", "failed": sorted(keep)})
             self._streams.update({rid: stream for rid, (stream, _) in keep.items()})
-            self._shut_down(None, EngineDeadError(self.error), "failed")
+            self._shut_down(None, EngineDeadError(ENGINE_FAILED), "failed")
             return None
         self.restarts += 1
         with self._cond:
@@ -797,5 +867,5 @@ class EngineLoop:
             _call_soon(stream.loop, stream.put, error)
 
 
-__all__ = ["EngineDeadError", "EngineLoop", "EngineRequest", "QueueFullError", "RequestTimeoutError",
-           "ResponseStream", "SlowConsumerError", "StreamError"]
+__all__ = ["ENGINE_FAILED", "ENGINE_RESTARTED", "REQUEST_FAILED", "EngineDeadError", "EngineLoop", "EngineRequest",
+           "QueueFullError", "RequestTimeoutError", "ResponseStream", "SlowConsumerError", "StreamError"]

@@ -11,6 +11,8 @@ buckets, so dashboards written for vLLM read ours. Every series carries the
                                                           only by the prefix cache count as free: they
                                                           are evictable, as in vLLM)
 ``llmrs:prompt_tokens_total``                  counter    prompt tokens of requests that got a first token
+                                                          (a prompt with ``n`` > 1 choices counts once: the
+                                                          ``usage``'s ``prompt_tokens``)
 ``llmrs:generation_tokens_total``              counter    tokens returned to clients (the ``usage``'s
                                                           ``completion_tokens``: an end-of-turn token
                                                           that ends a request is not returned)
@@ -34,8 +36,14 @@ buckets, so dashboards written for vLLM read ours. Every series carries the
 The five per-request histograms from ``e2e`` on observe requests that finished
 with ``stop`` or ``length`` (a request aborted or failed has no complete
 phases); ``request_success_total`` counts every reason. With ``n > 1`` or
-several prompts in one call, each choice is one engine request, and its prompt
-counts once per choice (as in vLLM).
+several prompts in one call, each choice is one engine request; the handler
+declares the ``n`` requests of one prompt with :meth:`ServerMetrics.share_prompt`,
+so that ``prompt_tokens_total`` counts that prompt once, as the response's
+``usage.prompt_tokens`` does (OpenAI's and vLLM's usage). The per-request
+histograms (``request_prompt_tokens``) still observe each request.
+
+The gauges (running, waiting, KV usage) and every counter are exported from the
+start, at 0: an alert on an idle replica has a series to read.
 
 Every app gets its own registry (never the process-global one), so tests and
 notebooks can run several servers in one process. :meth:`ServerMetrics.observe_step`
@@ -55,6 +63,8 @@ learner's in there; the scrape gives the same totals either way.
 
 from __future__ import annotations
 
+import dataclasses
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -136,6 +146,13 @@ def record_finished_request(metrics: RequestMetricSet, timing: RequestMetrics, p
     metrics.request_generation_tokens.observe(len(output_token_ids))
 
 
+@dataclass(eq=False)
+class _SharedPrompt:
+    """One prompt of several engine requests (choices): its tokens count once, for the first of them."""
+
+    counted: bool = False
+
+
 class RecorderError(RuntimeError):
     """A recorder given to :meth:`ServerMetrics.record_at_finish` raised (its error is the cause)."""
 
@@ -190,10 +207,50 @@ class ServerMetrics:
         for metric in (self.prompt_tokens, self.generation_tokens, self.preemptions, self.prefix_queries,
                        self.prefix_hits, self.engine_restarts):
             metric.labels(**self._label)
+        for gauge in (self.running, self.waiting, self.kv_usage):  # so are the gauges: an idle replica has 0
+            gauge.labels(**self._label).set(0)
+        self._lock = threading.Lock()
+        self._shared: dict[str, _SharedPrompt] = {}  # engine request id -> the prompt it shares
+        # where a recorder's prompt count goes for a choice whose prompt was counted already: nowhere
+        self._uncounted = Counter("llmrs:prompt_tokens_counted_once", "Not exported.", registry=None)
         # the engine's cumulative counters at the last step (the Prometheus counters take the differences)
         self._engine_id: int | None = None
         self._seen = (0, 0, 0)
         self._recorder: FinishedRequestRecorder | None = None
+
+    def share_prompt(self, request_ids: Sequence[str]) -> None:
+        """The engine requests ``request_ids`` are choices of one prompt (``n`` > 1): count its
+        tokens once in ``prompt_tokens_total``. Called by the handler before it submits them
+        (thread-safe); each id is forgotten when its request finishes, or with :meth:`forget`."""
+        group = _SharedPrompt()
+        with self._lock:
+            for rid in request_ids:
+                self._shared[rid] = group
+
+    def forget(self, request_ids: Sequence[str]) -> None:
+        """Drop what :meth:`share_prompt` knows of requests that never reached the engine."""
+        with self._lock:
+            for rid in request_ids:
+                self._shared.pop(rid, None)
+
+    @property
+    def num_shared(self) -> int:
+        """Requests :meth:`share_prompt` still knows (0 once every request finished or was forgotten)."""
+        return len(self._shared)
+
+    def _counts_prompt(self, request_id: str) -> bool:
+        """Whether ``request_id``'s prompt tokens count now: yes, unless another choice of the same
+        prompt counted them already."""
+        with self._lock:
+            group = self._shared.get(request_id)
+            if group is None:
+                return True
+            counted, group.counted = group.counted, True
+            return not counted
+
+    def _finished(self, request_id: str) -> None:
+        with self._lock:
+            self._shared.pop(request_id, None)
 
     def record_at_finish(self, recorder: FinishedRequestRecorder | None) -> None:
         """From now on, hand each request finished with ``stop`` or ``length`` to ``recorder`` (once,
@@ -225,12 +282,14 @@ class ServerMetrics:
             if recorder is not None:
                 if out.finished:
                     self._finish_with(recorder, engine, out)
+                    self._finished(out.request_id)
                 continue
             self.generation_tokens.labels(**label).inc(len(out.new_token_ids))
             m = engine.request_metrics(out.request_id)
             if out.finish_reason not in ("abort", "error") and m.token_times:
                 if len(m.token_times) == 1:  # this step sampled the request's first token
-                    self.prompt_tokens.labels(**label).inc(len(engine.requests[out.request_id].prompt_ids))
+                    if self._counts_prompt(out.request_id):
+                        self.prompt_tokens.labels(**label).inc(len(engine.requests[out.request_id].prompt_ids))
                     self.ttft.labels(**label).observe(m.ttft)
                 else:
                     self.itl.labels(**label).observe(m.token_times[-1] - m.token_times[-2])
@@ -238,6 +297,7 @@ class ServerMetrics:
                 self.success.labels(**label, finished_reason=out.finish_reason).inc()
                 if out.finish_reason in COMPLETE:
                     self._observe_finished(engine, out.request_id)
+                self._finished(out.request_id)
 
     def _finish_with(self, recorder: FinishedRequestRecorder, engine: Engine, out: RequestOutput) -> None:
         label = self._label
@@ -245,15 +305,18 @@ class ServerMetrics:
         timing = engine.request_metrics(out.request_id)
         self.success.labels(**label, finished_reason=out.finish_reason).inc()
         if out.finish_reason in COMPLETE:
+            metric_set = self.request_metric_set()
+            if not self._counts_prompt(out.request_id):  # another choice of its prompt counted the prompt
+                metric_set = dataclasses.replace(metric_set, prompt_tokens=self._uncounted)
             try:
-                recorder(self.request_metric_set(), timing, len(request.prompt_ids), tuple(request.output_ids))
+                recorder(metric_set, timing, len(request.prompt_ids), tuple(request.output_ids))
             except Exception as e:  # name the plugged-in code (Exercise 12.7), not "the engine loop failed"
                 raise RecorderError(f"the finished-request recorder (record_at_finish: Exercise 12.7's "
                                     f"record_finished_request) raised {type(e).__name__}: {e}, on request "
                                     f"{out.request_id!r}") from e
         else:  # what the streaming path counts for an aborted or failed request
             self.generation_tokens.labels(**label).inc(len(request.output_ids))
-            if request.output_ids:
+            if request.output_ids and self._counts_prompt(out.request_id):
                 self.prompt_tokens.labels(**label).inc(len(request.prompt_ids))
 
     def _observe_finished(self, engine: Engine, request_id: str) -> None:

@@ -5,14 +5,15 @@
 (Debian's package; ``apt-get install prometheus``) with a generated scrape
 config — one job, the server's ``/metrics`` every second — on its own free
 port of 127.0.0.1 and a temporary storage directory. It sends a known load of
-chat completions through the ``openai`` client, waits for a scrape taken after
-the server had observed every request, then asks Prometheus's HTTP API
-(``/api/v1/query``) and checks that
+chat completions through the ``openai`` client — every third with ``n=2``
+choices, whose ``usage.prompt_tokens`` counts the prompt once — waits for a
+scrape taken after the server had observed every request, then asks
+Prometheus's HTTP API (``/api/v1/query``) and checks that
 
 * ``llmrs:generation_tokens_total`` equals the sum of the responses' ``completion_tokens``,
-* ``llmrs:prompt_tokens_total`` equals the sum of their ``prompt_tokens``,
-* the TTFT and e2e histograms count one observation per request,
-* ``llmrs:request_success_total`` counts every request.
+* ``llmrs:prompt_tokens_total`` equals the sum of their ``prompt_tokens`` (with ``n`` > 1 too),
+* the TTFT and e2e histograms count one observation per choice (each is one engine request),
+* ``llmrs:request_success_total`` counts every choice.
 
 It prints a table and exits 1 if any check fails. Both processes are always
 stopped (SIGTERM, then a kill). :func:`scrape_check` is the same check against
@@ -93,20 +94,29 @@ def query(prometheus_url: str, expr: str) -> tuple[float, float] | None:
 
 @dataclass(frozen=True)
 class Usage:
+    """One response's ``usage`` and its number of choices (engine requests)."""
+
     prompt_tokens: int
     completion_tokens: int
+    choices: int = 1
+
+
+#: every this many requests of :func:`send_load`, one asks for ``n=2`` choices
+MULTI_CHOICE_EVERY = 3
 
 
 def send_load(base_url: str, model: str, n: int, max_tokens: int = 32) -> list[Usage]:
-    """``n`` chat completions (greedy, one after the other) through the ``openai`` client; their usage."""
+    """``n`` chat completions (greedy, one after the other) through the ``openai`` client; their usage.
+    Every :data:`MULTI_CHOICE_EVERY`-th asks for two choices (``n=2``)."""
     import openai
 
     client = openai.OpenAI(base_url=base_url + "/v1", api_key="none", max_retries=0, timeout=300.0)
     out = []
     for i in range(n):
-        r = client.chat.completions.create(model=model, max_tokens=max_tokens, temperature=0, messages=[
+        choices = 2 if i % MULTI_CHOICE_EVERY == MULTI_CHOICE_EVERY - 1 else 1
+        r = client.chat.completions.create(model=model, max_tokens=max_tokens, temperature=0, n=choices, messages=[
             {"role": "user", "content": f"Give me fact number {i + 1} about the ocean, in one sentence."}])
-        out.append(Usage(r.usage.prompt_tokens, r.usage.completion_tokens))
+        out.append(Usage(r.usage.prompt_tokens, r.usage.completion_tokens, len(r.choices)))
     return out
 
 
@@ -132,7 +142,7 @@ def scrape_check(base_url: str, prometheus_url: str, usage: list[Usage], timeout
     Waits (at most ``timeout`` s) until the server has observed every request's finish, then for a
     Prometheus sample of the server taken after that moment, so the query sees the whole load.
     """
-    n = len(usage)
+    n = sum(u.choices for u in usage)  # engine requests: one per choice
     _wait(lambda: _server_total(base_url, "llmrs:request_success_total") >= n, timeout,
           "the server to observe every request")
     settled = time.time()
@@ -146,9 +156,9 @@ def scrape_check(base_url: str, prometheus_url: str, usage: list[Usage], timeout
         ("generation tokens", "sum(llmrs:generation_tokens_total)", "sum of completion_tokens",
          sum(u.completion_tokens for u in usage)),
         ("prompt tokens", "sum(llmrs:prompt_tokens_total)", "sum of prompt_tokens", sum(u.prompt_tokens for u in usage)),
-        ("TTFT observations", "sum(llmrs:time_to_first_token_seconds_count)", "requests", n),
-        ("e2e observations", "sum(llmrs:e2e_request_latency_seconds_count)", "requests", n),
-        ("finished requests", "sum(llmrs:request_success_total)", "requests", n),
+        ("TTFT observations", "sum(llmrs:time_to_first_token_seconds_count)", "choices", n),
+        ("e2e observations", "sum(llmrs:e2e_request_latency_seconds_count)", "choices", n),
+        ("finished requests", "sum(llmrs:request_success_total)", "choices", n),
     ]
     rows = []
     for what, expr, reference, want in checks:
@@ -200,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"prometheus:  {prometheus_url} (scraping every {SCRAPE_INTERVAL_S} s)")
             name = httpx.get(base_url + "/v1/models", timeout=10.0, trust_env=False).json()["data"][0]["id"]
             usage = send_load(base_url, name, args.requests, args.max_tokens)
-            print(f"sent {len(usage)} chat completions to {name!r}")
+            print(f"sent {len(usage)} chat completions to {name!r} ({sum(u.choices for u in usage)} choices)")
             rows = scrape_check(base_url, prometheus_url, usage)
     print(format_rows(rows))
     ok = all(r["ok"] for r in rows)

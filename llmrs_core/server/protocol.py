@@ -7,6 +7,29 @@ so the server accepts exactly what ``model.generate`` accepts. A field this
 server does not implement is refused by name, never silently ignored; ``null``
 means "not given", as in OpenAI's API.
 
+The bounds, after OpenAI's API and vLLM (each value outside them is a 400 naming
+its field; within them every finite logit vector gives a finite distribution):
+
+=======================  ===================  ====================================================
+field                    accepted             why
+=======================  ===================  ====================================================
+``temperature``          [0, 2]               OpenAI's range; below 1e-5 is greedy (vLLM's rule)
+``top_p``                (0, 1]               OpenAI's and vLLM's
+``top_k``                integer >= 0         0 is off (vLLM's -1 is not taken)
+``min_p``                [0, 1]               vLLM's
+``presence_penalty``,    [-2, 2]              OpenAI's and vLLM's
+``frequency_penalty``
+``repetition_penalty``   [0.01, 100]          vLLM takes any value > 0; 1e-38 overflowed a logit
+                                              to infinity and the softmax to NaN
+``seed``                 [0, 2**63)
+``n``                    [1, :data:`MAX_N`]   16
+prompts × ``n``          <= :data:`MAX_SEQUENCES`  64 sequences a call (each is an engine request)
+``stop``                 <= 16 strings of     ``validation.MAX_STOP_STRINGS`` / ``MAX_STOP_CHARS``
+                         <= 256 characters    (OpenAI allows 4)
+``logprobs``             0 to 20              OpenAI's
+``logit_bias``           not supported        a 400 naming it
+=======================  ===================  ====================================================
+
 Responses are plain dicts in OpenAI's shape: ``id``, ``object``, ``created``,
 ``model``, ``choices`` (``index``, ``text`` or ``message``/``delta``,
 ``logprobs``, ``finish_reason``) and ``usage``.
@@ -30,6 +53,9 @@ from ..validation import check_int, check_max_tokens, normalise_stop
 MAX_TEMPERATURE = 2.0
 #: the most choices one request may ask for
 MAX_N = 16
+#: the most sequences (prompts × ``n``) one request may ask for: each is one engine request, and a
+#: small body must not become thousands of them
+MAX_SEQUENCES = 64
 
 SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty",
                    "repetition_penalty", "seed")
@@ -199,6 +225,10 @@ def _common(body: Mapping[str, Any], prompts: list[Any], max_tokens: int | None,
                                param=f"stream_options.{key}")
         include_usage = _bool(options, "include_usage")
     n = _int(body, "n", 1, MAX_N) or 1
+    if len(prompts) * n > MAX_SEQUENCES:
+        raise APIError(400, f"this request asks for {len(prompts)} prompts x n={n} = {len(prompts) * n} sequences; "
+                            f"the limit is {MAX_SEQUENCES} a request (send the rest in other requests)",
+                       param="n" if n > 1 else "prompt")
     return GenerationRequest(
         model=model, prompts=prompts, max_tokens=max_tokens, sampling=_sampling(body), stop=stop, n=n,
         stream=stream, include_usage=include_usage, ignore_eos=_bool(body, "ignore_eos"), user=user,
@@ -224,6 +254,9 @@ def parse_completion_request(body: Any) -> GenerationRequest:
         raise APIError(400, "prompt is required: text, a list of token ids, or a list of texts", param="prompt")
     if isinstance(prompt, str):
         prompts: list[Any] = [prompt]
+    elif isinstance(prompt, list) and len(prompt) > MAX_SEQUENCES and isinstance(prompt[0], (str, list)):
+        raise APIError(400, f"prompt is a list of {len(prompt):,} prompts; the limit is {MAX_SEQUENCES} a request "
+                            "(prompts x n)", param="prompt")
     elif isinstance(prompt, list) and prompt and all(isinstance(p, (str, list)) for p in prompt):
         prompts = list(prompt)  # a batch: texts or token-id lists
     elif isinstance(prompt, list):
@@ -345,6 +378,8 @@ def response(kind: str, rid: str, created: int, model: str, choices: list[dict],
 
 
 __all__ = [
+    "MAX_N",
+    "MAX_SEQUENCES",
     "APIError",
     "GenerationRequest",
     "TextOffsets",
