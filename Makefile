@@ -191,8 +191,8 @@ nbval: fetch
 
 # The stored outputs that come from the engine's arithmetic, checked on another CPU's: the notebooks below
 # run as in `make nbval`, with Numba compiling for haswell (AVX2 + FMA, 8 lanes; NUMBA_CPU_FEATURES empty,
-# as in test-portable) into a fresh cache and OpenBLAS on its Haswell kernels (unless the environment chose
-# a core type). On an AVX-512 machine that is an AVX2 machine's arithmetic, so a checked output that holds
+# as in test-portable) into a fresh cache (an absolute path: each notebook runs in its own folder) and
+# OpenBLAS on its Haswell kernels (unless the environment chose a core type). On an AVX-512 machine that is an AVX2 machine's arithmetic, so a checked output that holds
 # only where it was stored fails here; on an AVX2 machine it is `make nbval` on these notebooks. Run it
 # whenever a notebook changed (README, "Notebook outputs"). 849 s on 2 AVX2 cores shared with other work.
 # Chosen: the chapters whose checked cells compare or print what SmolLM2 or a tiny model computes (3-11:
@@ -206,7 +206,7 @@ NBVAL_PORTABLE_NOTEBOOKS := $(foreach c,ch03_attention ch04_inference_loop ch05_
 nbval-portable: fetch
 	@avx2=$$($(PY) -c 'import llvmlite.binding as l; f = l.get_host_cpu_features(); print(int(f.get("avx2", False) and f.get("fma", False)))' 2>/dev/null); \
 	if [ "$$avx2" != 1 ]; then echo "nbval-portable: skipped, this CPU lacks AVX2/FMA (Numba cannot run haswell code here)"; exit 0; fi; \
-	cache=build/numba-cache-nbval-haswell; rm -rf $$cache && mkdir -p $$cache; \
+	cache=$(CURDIR)/build/numba-cache-nbval-haswell; rm -rf $$cache && mkdir -p $$cache; \
 	echo "nbval-portable: NUMBA_CPU_NAME=haswell, OPENBLAS_CORETYPE=$${OPENBLAS_CORETYPE:-Haswell}, fresh cache $$cache"; \
 	start=$$(date +%s); \
 	LLMRS_IMPL=solutions LLMRS_RUN_TESTS=$(or $(NBVAL_RUN_TESTS),elsewhere) $(SINGLE_THREAD) \
