@@ -192,9 +192,10 @@ nbval: fetch
 # The stored outputs that come from the engine's arithmetic, checked on another CPU's: the notebooks below
 # run as in `make nbval`, with Numba compiling for haswell (AVX2 + FMA, 8 lanes; NUMBA_CPU_FEATURES empty,
 # as in test-portable) into a fresh cache (an absolute path: each notebook runs in its own folder) and
-# OpenBLAS on its Haswell kernels (unless the environment chose a core type). On an AVX-512 machine that is an AVX2 machine's arithmetic, so a checked output that holds
-# only where it was stored fails here; on an AVX2 machine it is `make nbval` on these notebooks. Run it
-# whenever a notebook changed (README, "Notebook outputs"). 849 s on 2 AVX2 cores shared with other work.
+# OpenBLAS on its Haswell kernels (unless the environment chose a core type). On an AVX-512 machine that
+# is an AVX2 machine's arithmetic, so a checked output that holds only where it was stored fails here; on
+# an AVX2 machine it is `make nbval` on these notebooks. Run it whenever a notebook changed (README,
+# "Notebook outputs"). 849 s on 2 AVX2 cores shared with other work.
 # Chosen: the chapters whose checked cells compare or print what SmolLM2 or a tiny model computes (3-11:
 # the NumPy and Numba backends, BLAS, the int8 path, TP/PP, the CUDA simulator against NumPy). Left out:
 # chapters 0-2 and 12, appendix A and the conclusion, whose checked cells print configurations, shapes,
