@@ -147,13 +147,17 @@ gpu-check:
 # the name. OpenBLAS runs its Haswell kernels too where the CPU has AVX2, unless the environment
 # chose a core type (some machines set OPENBLAS_CORETYPE because other kernels are wrong there:
 # that choice stands). The haswell leg needs AVX2 and FMA to run; without, it is skipped, saying so.
+# Where this CPU has AVX2 but no AVX-512 it is skipped too (PORTABLE_ALL=1 runs it): test-solutions
+# already ran the engine's tests on 8 lanes with FMA here, so the leg would repeat them (about 250 s).
 PORTABLE_CPUS := haswell generic
 # what computes no floats and compiles nothing: the tokenizer and the workbook's own mechanics; the
 # server, the benchmarks and the A/B tests (HTTP, framing, scheduling, statistics: they compare a
 # backend with itself) and the GPU memory pool; the command line's errors, the deploy files, the
 # fetch, bad GGUF input, the notebooks' structure, the cache and scheduler checks; the diagnoses of
 # chapters 1, 2 and 9-12 (integers, the tokenizer, the CUDA simulator, servers, NumPy); and the mpiexec launches, whose arithmetic
-# test_distributed.py checks in one process (ranks compiling into an empty cache at once would take minutes)
+# test_distributed.py checks in one process (ranks compiling into an empty cache at once would take minutes);
+# batch invariance, which compares the engine with itself on one target (each row computed alone is the
+# code's structure, not a target's rounding; test-solutions holds it)
 PORTABLE_SKIP := --ignore-glob='tests/core/test_tokenizer*' --ignore-glob='tests/core/test_workbook_*' \
                  --ignore-glob='tests/core/test_server*' --ignore-glob='tests/core/test_bench_*' \
                  --ignore-glob='tests/core/test_ab_*' --ignore-glob='tests/core/test_cost*' \
@@ -163,13 +167,16 @@ PORTABLE_SKIP := --ignore-glob='tests/core/test_tokenizer*' --ignore-glob='tests
                  --ignore=tests/core/test_notebook_sections.py --ignore=tests/core/test_cache_checks.py \
                  --ignore=tests/core/test_scheduler_checks.py --ignore-glob='tests/core/test_diagnose_ch09*' \
                  --ignore-glob='tests/core/test_diagnose_ch1*' --ignore-glob='tests/core/test_diagnose_ch0[12]*' \
-                 --ignore=tests/core/test_distributed_mpi.py
+                 --ignore=tests/core/test_distributed_mpi.py --ignore=tests/core/test_batch_invariance.py
 test-portable: fetch
 	@total=$$(date +%s); \
 	avx2=$$($(PY) -c 'import llvmlite.binding as l; f = l.get_host_cpu_features(); print(int(f.get("avx2", False) and f.get("fma", False)))' 2>/dev/null); \
+	avx512=$$($(PY) -c 'import llvmlite.binding as l; print(int(l.get_host_cpu_features().get("avx512f", False)))' 2>/dev/null); \
 	blas=$${OPENBLAS_CORETYPE:-$$( [ "$$avx2" = 1 ] && echo Haswell )}; \
 	for cpu in $(PORTABLE_CPUS); do \
 	  if [ $$cpu = haswell ] && [ "$$avx2" != 1 ]; then echo "test-portable: skipping haswell, this CPU lacks AVX2/FMA"; continue; fi; \
+	  if [ $$cpu = haswell ] && [ "$$avx512" != 1 ] && [ -z "$(PORTABLE_ALL)" ]; then \
+	    echo "test-portable: skipping haswell, this CPU's own target is AVX2 without AVX-512: test-solutions ran that arithmetic (PORTABLE_ALL=1 runs it)"; continue; fi; \
 	  cache=build/numba-cache-$$cpu; rm -rf $$cache && mkdir -p $$cache; \
 	  echo "test-portable: NUMBA_CPU_NAME=$$cpu, OPENBLAS_CORETYPE=$${blas:-unset}"; start=$$(date +%s); \
 	  $(SINGLE_THREAD) env $${blas:+OPENBLAS_CORETYPE=$$blas} NUMBA_CPU_NAME=$$cpu NUMBA_CPU_FEATURES= NUMBA_CACHE_DIR=$$cache \

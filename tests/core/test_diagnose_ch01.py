@@ -81,7 +81,7 @@ def test_head_dim_from_the_kv_heads_without_validate_is_named(tmp_path):
 
 def test_from_hf_config_ignoring_the_kv_heads_is_blamed_alone():
     """The test comparing both constructors blames from_hf_config first, before from_gguf is even run."""
-    ex = planted(from_hf_config=[("n_kv_heads=int(config.get(\"num_key_value_heads\") or n_heads)",
+    ex = planted(from_hf_config=[("n_kv_heads=opt_int(\"num_key_value_heads\", n_heads) or n_heads",
                                   "n_kv_heads=n_heads")])
     text = failure(T16.test_ex1_6_from_hf_config_equals_from_gguf, ex, None, HF_CONFIG)
     assert "from_hf_config: n_kv_heads is 9, but transformers reads 3" in text, text

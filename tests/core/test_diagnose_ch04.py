@@ -38,9 +38,9 @@ def test_top_p_one_token_too_few_gets_its_own_message(p, want):
 def test_temperature_after_top_p_gets_its_own_message():
     late = plant(
         sampling.sample_token,
-        ("    x = apply_temperature(x, params.temperature)\n", ""),
+        ("    x = np.clip(apply_temperature(x, params.temperature), -LOGIT_LIMIT, LOGIT_LIMIT)\n", ""),
         ("    x = top_p_filter(x, params.top_p)\n",
-         "    x = top_p_filter(x, params.top_p)\n    x = apply_temperature(x, params.temperature)\n"),
+         "    x = top_p_filter(x, params.top_p)\n    x = np.clip(apply_temperature(x, params.temperature), -LOGIT_LIMIT, LOGIT_LIMIT)\n"),
     )
     message = failure(T47.test_ex4_7_temperature_comes_before_top_p, solution_with(4, sample_token=late))
     assert "applies top-p before the temperature" in message
