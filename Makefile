@@ -8,6 +8,7 @@
 #   make progress              every exercise: not started, failing or passing; used by the engine?
 #   make reset E=1.6           put back the stubs of one exercise (your file is backed up first)
 #   make test-portable         the engine's numeric tests with Numba compiling for haswell, then generic
+#   make nbval-portable        the notebooks of chapters 3-11 with Numba compiling for haswell (run after editing one)
 #   make check-env             [OK]/[FAIL] for Python, dependencies, model, GPU
 #   make gpu-check             on a machine with an NVIDIA GPU: chapter 9's GPU check (table + JSON)
 #   make notebooks             re-run the notebooks so their stored outputs are current
@@ -46,7 +47,7 @@ ifeq (test-chapter,$(firstword $(MAKECMDGOALS)))
 endif
 
 help:
-	@sed -n '1,18p' Makefile | sed 's/^# \{0,1\}//'
+	@sed -n '1,19p' Makefile | sed 's/^# \{0,1\}//'
 
 # -- set-up ---------------------------------------------------------------
 
