@@ -31,6 +31,20 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def wait_ready(proc: subprocess.Popen, url: str, output) -> None:
+    """Until ``url``'s /ready is 200; fails with the server's ``output()`` if it exits first."""
+    deadline = time.monotonic() + WAIT
+    while True:
+        assert proc.poll() is None, output()
+        try:
+            if httpx.get(url + "/ready", timeout=1).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        assert time.monotonic() < deadline, "the server did not get ready"
+        time.sleep(0.05)
+
+
 @pytest.fixture
 def process(tmp_path):
     path = tmp_path / "tiny.gguf"
@@ -44,16 +58,7 @@ def process(tmp_path):
     )
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + WAIT
-        while True:
-            assert proc.poll() is None, proc.stdout.read()
-            try:
-                if httpx.get(url + "/ready", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, "the server did not get ready"
-            time.sleep(0.05)
+        wait_ready(proc, url, proc.stdout.read)
         yield proc, url
     finally:
         if proc.poll() is None:
@@ -166,16 +171,7 @@ def guarded(tmp_path_factory):
                             env={**os.environ, "OPENBLAS_NUM_THREADS": "1"}, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + WAIT
-        while True:
-            assert proc.poll() is None, (d / "server.log").read_text()
-            try:
-                if httpx.get(url + "/ready", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, "the server did not get ready"
-            time.sleep(0.05)
+        wait_ready(proc, url, (d / "server.log").read_text)
         yield port, d / "server.log"
     finally:
         if proc.poll() is None:
