@@ -9,6 +9,7 @@
 #   make reset E=1.6           put back the stubs of one exercise (your file is backed up first)
 #   make test-portable         the engine's numeric tests with Numba compiling for haswell, then generic
 #   make nbval-portable        the notebooks of chapters 3-11 with Numba compiling for haswell (run after editing one)
+#   make fetch-vocab           llama.cpp's vocab test files into .cache/llama-vocab (make test fetches them)
 #   make check-env             [OK]/[FAIL] for Python, dependencies, model, GPU
 #   make gpu-check             on a machine with an NVIDIA GPU: chapter 9's GPU check (table + JSON)
 #   make notebooks             re-run the notebooks so their stored outputs are current
@@ -33,7 +34,7 @@ NBVAL_TIMEOUT ?= 300
 SINGLE_THREAD := OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 
 .DEFAULT_GOAL := help
-.PHONY: help setup lab demo fetch test test-solutions test-gpu gpu-check test-engine test-portable check-stubs nbval lint format \
+.PHONY: help setup lab demo fetch fetch-vocab test test-solutions test-gpu gpu-check test-engine test-portable check-stubs nbval lint format \
         test-chapter test-exercise progress reset check-env notebooks bench bench-tokenizer bench-throughput bench-serve bench-all clean \
         observe container container-test container-test-learner
 
@@ -47,7 +48,7 @@ ifeq (test-chapter,$(firstword $(MAKECMDGOALS)))
 endif
 
 help:
-	@sed -n '1,19p' Makefile | sed 's/^# \{0,1\}//'
+	@sed -n '1,20p' Makefile | sed 's/^# \{0,1\}//'
 
 # -- set-up ---------------------------------------------------------------
 
@@ -63,6 +64,11 @@ setup: $(STAMP)
 
 fetch: $(STAMP)
 	@$(VENV)/bin/llmrs fetch
+
+# llama.cpp's vocab-only GGUFs and their test vectors (from the llama-cpp-python sdist, sha256-checked)
+# into .cache/llama-vocab/ (git-ignored); the tokenizer tests skip without them
+fetch-vocab: $(STAMP)
+	@$(PY) -m llmrs_core.vocab_fetch
 
 # -- the learner's commands -------------------------------------------------
 
@@ -111,7 +117,7 @@ check-env:
 # kernels in two processes contend for the cores, and test-portable's haswell leg took 939 s next
 # to nbval, against about 200 s alone.
 TEST_JOBS ?= 1
-test: fetch
+test: fetch fetch-vocab
 	@start=$$(date +%s); \
 	$(MAKE) --no-print-directory lint && \
 	$(MAKE) --no-print-directory -j$(TEST_JOBS) $(if $(filter-out 1,$(TEST_JOBS)),--output-sync=target) \
@@ -126,7 +132,7 @@ format: setup
 	$(VENV)/bin/ruff check --fix .
 
 # exercise tests against the solutions, plus the engine tests (tests/core); tests/gpu runs in test-gpu
-test-solutions: fetch
+test-solutions: fetch fetch-vocab
 	$(SINGLE_THREAD) $(PYTEST) tests -q --no-header --impl solutions --ignore=tests/gpu
 
 # the GPU kernels and the cuda backend (chapter 9), in a process of their own: on a GPU if the driver
