@@ -19,7 +19,14 @@ from dataclasses import dataclass
 
 
 class GGMLType(enum.IntEnum):
-    """Numeric ids of ggml tensor types, as stored in a GGUF tensor info."""
+    """Numeric ids of ggml tensor types, as stored in a GGUF tensor info.
+
+    Every id of ``enum ggml_type`` in ``ggml.h`` (llama.cpp as vendored in
+    llama-cpp-python 0.3.36), so that any GGUF file can be opened and listed
+    even where the engine cannot compute with its types
+    (``quant.registry.check_computable`` says which it can). Ids 4, 5 and
+    31-33, 36-38 were removed from ggml and are not valid in a file.
+    """
 
     F32 = 0
     F16 = 1
@@ -35,12 +42,27 @@ class GGMLType(enum.IntEnum):
     Q5_K = 13
     Q6_K = 14
     Q8_K = 15
+    IQ2_XXS = 16
+    IQ2_XS = 17
+    IQ3_XXS = 18
+    IQ1_S = 19
+    IQ4_NL = 20
+    IQ3_S = 21
+    IQ2_S = 22
+    IQ4_XS = 23
     I8 = 24
     I16 = 25
     I32 = 26
     I64 = 27
     F64 = 28
+    IQ1_M = 29
     BF16 = 30
+    TQ1_0 = 34
+    TQ2_0 = 35
+    MXFP4 = 39
+    NVFP4 = 40
+    Q1_0 = 41
+    Q2_0 = 42
 
 
 @dataclass(frozen=True)
@@ -73,13 +95,30 @@ TYPE_TRAITS: dict[GGMLType, TypeTraits] = {
     GGMLType.Q5_0: TypeTraits(32, 2 + 4 + 16),  # fp16 d, 32 high bits, nibbles
     GGMLType.Q5_1: TypeTraits(32, 2 + 2 + 4 + 16),
     GGMLType.Q8_0: TypeTraits(32, 2 + 32),  # fp16 d, 32 int8
-    GGMLType.Q8_1: TypeTraits(32, 4 + 4 + 32),  # f32 d, f32 s, 32 int8
+    GGMLType.Q8_1: TypeTraits(32, 2 + 2 + 32),  # fp16 d, fp16 s = d * sum(q), 32 int8
     GGMLType.Q2_K: TypeTraits(QK_K, QK_K // 16 + QK_K // 4 + 2 + 2),
     GGMLType.Q3_K: TypeTraits(QK_K, QK_K // 8 + QK_K // 4 + 12 + 2),
     GGMLType.Q4_K: TypeTraits(QK_K, 2 + 2 + 12 + QK_K // 2),
     GGMLType.Q5_K: TypeTraits(QK_K, 2 + 2 + 12 + QK_K // 8 + QK_K // 2),
     GGMLType.Q6_K: TypeTraits(QK_K, QK_K // 2 + QK_K // 4 + QK_K // 16 + 2),
-    GGMLType.Q8_K: TypeTraits(QK_K, 4 + QK_K + QK_K // 16 * 2),
+    GGMLType.Q8_K: TypeTraits(QK_K, 4 + QK_K + QK_K // 16 * 2),  # f32 d, 256 int8, 16 int16 sums
+    # the i-quants: codebooks ("grids") of 8 or 4 values indexed by the stored bits
+    GGMLType.IQ2_XXS: TypeTraits(QK_K, 2 + QK_K // 4),
+    GGMLType.IQ2_XS: TypeTraits(QK_K, 2 + QK_K // 4 + QK_K // 32),
+    GGMLType.IQ3_XXS: TypeTraits(QK_K, 2 + QK_K // 4 + QK_K // 8),
+    GGMLType.IQ1_S: TypeTraits(QK_K, 2 + QK_K // 8 + QK_K // 16),
+    GGMLType.IQ4_NL: TypeTraits(32, 2 + 16),  # fp16 d, 32 nibbles indexing a 16-value table
+    GGMLType.IQ3_S: TypeTraits(QK_K, 2 + QK_K // 4 + QK_K // 8 + QK_K // 32 + 4),
+    GGMLType.IQ2_S: TypeTraits(QK_K, 2 + QK_K // 4 + QK_K // 16),
+    GGMLType.IQ4_XS: TypeTraits(QK_K, 2 + 2 + QK_K // 64 + QK_K // 2),  # d, scales_h, scales_l, nibbles
+    GGMLType.IQ1_M: TypeTraits(QK_K, QK_K // 8 + QK_K // 16 + QK_K // 32),
+    # ternary and 4-bit-float formats
+    GGMLType.TQ1_0: TypeTraits(QK_K, 2 + 4 * 13),
+    GGMLType.TQ2_0: TypeTraits(QK_K, 2 + 64),
+    GGMLType.MXFP4: TypeTraits(32, 1 + 16),  # E8M0 scale, 32 FP4 (E2M1) codes
+    GGMLType.NVFP4: TypeTraits(64, 4 + 32),  # four E4M3 scales, 64 FP4 codes
+    GGMLType.Q1_0: TypeTraits(128, 2 + 16),
+    GGMLType.Q2_0: TypeTraits(64, 2 + 16),
 }
 
 

@@ -6,9 +6,15 @@ consecutive weights of one row:
     Q8_0  34 bytes   d: fp16 | qs: 32 x int8            w = d * q
     Q4_0  18 bytes   d: fp16 | qs: 16 bytes of nibbles  w = d * (q - 8)
     Q4_1  20 bytes   d: fp16 | m: fp16 | qs: 16 bytes   w = d * q + m
+    Q5_0  22 bytes   d: fp16 | qh: 4 bytes | qs: 16     w = d * (q - 16)
+    Q5_1  24 bytes   d: fp16 | m: fp16 | qh: 4 | qs: 16 w = d * q + m
+    IQ4_NL 18 bytes  d: fp16 | qs: 16 bytes             w = d * IQ4_VALUES[q]
 
 In the 4-bit formats byte ``j`` of ``qs`` holds element ``j`` in its low
-nibble and element ``j + 16`` in its high nibble. The arithmetic is done in
+nibble and element ``j + 16`` in its high nibble. The 5-bit formats add the
+fifth bit of element ``j`` as bit ``j`` of ``qh`` (a little-endian uint32).
+IQ4_NL's codes index a fixed table of 16 int8 values spaced closer near zero
+(``kvalues_iq4nl``), where most weights lie. The arithmetic is done in
 float32 from the fp16 scales, as ggml's reference dequantisation does, so
 the results are bit-exact with ``gguf.quants.dequantize``.
 
@@ -70,6 +76,33 @@ def dequantize_q4_1(raw: np.ndarray) -> np.ndarray:
     return (fp16_field(b, 0) * q + fp16_field(b, 2)).reshape(-1)
 
 
+def unpack_five_bits(qh: np.ndarray, qs: np.ndarray) -> np.ndarray:
+    """``qh`` uint8 ``[n, 4]``, ``qs`` uint8 ``[n, 16]`` -> codes uint8 ``[n, 32]`` in 0..31."""
+    high = np.ascontiguousarray(qh).view("<u4")  # [n, 1]
+    bits = ((high >> np.arange(32, dtype=np.uint32)) & 1).astype(np.uint8)
+    return unpack_nibbles(qs) | (bits << 4)
+
+
+def dequantize_q5_0(raw: np.ndarray) -> np.ndarray:
+    q, d = q5_0_symmetric(raw)
+    return (d[:, None] * q.astype(np.float32)).reshape(-1)
+
+
+def dequantize_q5_1(raw: np.ndarray) -> np.ndarray:
+    b = split_blocks(raw, GGMLType.Q5_1)
+    q = unpack_five_bits(b[:, 4:8], b[:, 8:]).astype(np.float32)
+    return (fp16_field(b, 0) * q + fp16_field(b, 2)).reshape(-1)
+
+
+#: IQ4_NL / IQ4_XS's 16 levels (ggml-common.h ``kvalues_iq4nl``): a non-uniform 4-bit grid
+IQ4_VALUES = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], dtype=np.int8)
+
+
+def dequantize_iq4_nl(raw: np.ndarray) -> np.ndarray:
+    q, d = iq4_nl_symmetric(raw)
+    return (d[:, None] * q.astype(np.float32)).reshape(-1)
+
+
 # -- the blocks as the kernels read them (chapter 8) --------------------------
 # The same two forms as kquants.q4_k_affine and kquants.q6_k_symmetric.
 
@@ -93,11 +126,25 @@ def q8_0_symmetric(raw: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return b[:, 2:].view(np.int8), fp16_field(b, 0)[:, 0]
 
 
+def q5_0_symmetric(raw: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Q5_0 bytes as ``w = d * q``: codes int8 ``[n_blocks, 32]`` (``q - 16``, in -16..15), ``d`` float32
+    ``[n_blocks]``: Q8_0's form holds it exactly."""
+    b = split_blocks(raw, GGMLType.Q5_0)
+    q = unpack_five_bits(b[:, 2:6], b[:, 6:]).astype(np.int8) - np.int8(16)
+    return q, fp16_field(b, 0)[:, 0]
+
+
+def iq4_nl_symmetric(raw: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """IQ4_NL bytes as ``w = d * q``: the table's values int8 ``[n_blocks, 32]``, ``d`` float32 ``[n_blocks]``."""
+    b = split_blocks(raw, GGMLType.IQ4_NL)
+    return IQ4_VALUES[unpack_nibbles(b[:, 2:])], fp16_field(b, 0)[:, 0]
+
+
 def dequantize(raw: np.ndarray, ggml_type: GGMLType | int, shape: tuple[int, ...]) -> np.ndarray:
     """Stored bytes of a tensor -> float32 array of NumPy ``shape``.
 
-    Supports F32, F16, F64, BF16, Q8_0, Q4_0, Q4_1 and the K-quants Q4_K and
-    Q6_K (chapter 6), as :mod:`~llmrs_core.quant.registry` lists them;
+    Supports the types :mod:`~llmrs_core.quant.registry` lists
+    (``supported("dequantize")``);
     anything else raises ``NotImplementedError`` naming the type and the
     supported ones.
     """

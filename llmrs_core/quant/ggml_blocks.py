@@ -11,6 +11,10 @@ that our bytes equal llama.cpp's:
   the 16 codes cover ``[-8d, 7d]``; ``q = min(15, trunc(x / d + 8.5))``.
 * **Q4_1** (asymmetric, 5 bits): ``d = (max - min) / 15``, ``m = min``;
   ``q = min(15, trunc((x - min) / d + 0.5))``.
+* **Q5_0** (symmetric, 5.5 bits): Q4_0 with 32 levels: ``d = m / -16``;
+  ``q = min(31, trunc(x / d + 16.5))`` (``quantize_row_q5_0_ref``).
+* **Q5_1** (asymmetric, 6 bits): Q4_1 with 32 levels: ``d = (max - min) / 31``;
+  ``q = trunc((x - min) / d + 0.5)`` (``quantize_row_q5_1_ref``: no clamp).
 
 The scales are stored as fp16, but quantisation divides by the float32
 scale, as ggml does. Shapes: ``x`` is float32 ``[..., n]`` with ``n`` a
@@ -46,6 +50,21 @@ def _round_half_away(v: np.ndarray) -> np.ndarray:
     return np.sign(v) * np.floor(np.abs(v) + np.float32(0.5))
 
 
+def _signed_peak(blocks: np.ndarray) -> np.ndarray:
+    """``[n, 32]`` -> ``[n, 1]``: the first value of largest magnitude, with its sign; +0.0 for a
+    block of zeros (ggml starts from +0.0 and keeps it, so a block of -0.0 gets d = -0.0)."""
+    peak = np.take_along_axis(blocks, np.abs(blocks).argmax(axis=1)[:, None], axis=1)
+    return np.where(peak == 0, np.float32(0), peak)
+
+
+def _first_min_max(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``[n, 32]`` -> the first smallest and first largest value, ``[n, 1]`` each: as ggml's loop
+    finds them, so that the sign of a zero (stored in Q4_1/Q5_1's fp16 ``m``) is ggml's."""
+    lo = np.take_along_axis(blocks, blocks.argmin(axis=1)[:, None], axis=1)
+    hi = np.take_along_axis(blocks, blocks.argmax(axis=1)[:, None], axis=1)
+    return lo, hi
+
+
 def _fp16_bytes(v: np.ndarray) -> np.ndarray:
     return v.astype(np.float16).view(np.uint8).reshape(v.shape[0], 2)
 
@@ -69,7 +88,7 @@ def quantize_q8_0(x: np.ndarray) -> np.ndarray:
 
 def quantize_q4_0(x: np.ndarray) -> np.ndarray:
     blocks, shape = _as_blocks(x)
-    biggest = np.take_along_axis(blocks, np.abs(blocks).argmax(axis=1)[:, None], axis=1)
+    biggest = _signed_peak(blocks)
     d = biggest / np.float32(-8)
     codes = np.trunc(blocks * _inverse(d) + np.float32(8.5))
     q = np.minimum(codes, 15).astype(np.uint8)
@@ -79,8 +98,7 @@ def quantize_q4_0(x: np.ndarray) -> np.ndarray:
 
 def quantize_q4_1(x: np.ndarray) -> np.ndarray:
     blocks, shape = _as_blocks(x)
-    lo = blocks.min(axis=1, keepdims=True)
-    hi = blocks.max(axis=1, keepdims=True)
+    lo, hi = _first_min_max(blocks)
     d = (hi - lo) / np.float32(15)
     codes = np.trunc((blocks - lo) * _inverse(d) + np.float32(0.5))
     q = np.minimum(codes, 15).astype(np.uint8)
@@ -88,8 +106,41 @@ def quantize_q4_1(x: np.ndarray) -> np.ndarray:
     return out.reshape(_out_shape(shape, GGMLType.Q4_1))
 
 
+def _pack_five_bits(q: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``[n, 32]`` codes 0..31 -> (``qh`` uint8 ``[n, 4]``, ``qs`` uint8 ``[n, 16]``).
+
+    ``qs`` holds the low nibbles as Q4_0 does; bit ``j`` of the little-endian
+    uint32 ``qh`` is the fifth bit of element ``j``.
+    """
+    qh = (((q.astype(np.uint32) >> 4) & 1) << np.arange(BLOCK, dtype=np.uint32)).sum(axis=1, dtype=np.uint32)
+    return qh.astype("<u4").view(np.uint8).reshape(-1, 4), _pack_nibbles(q & 0x0F)
+
+
+def quantize_q5_0(x: np.ndarray) -> np.ndarray:
+    blocks, shape = _as_blocks(x)
+    biggest = _signed_peak(blocks)
+    d = biggest / np.float32(-16)
+    # (int8_t)(x*id + 16.5): a truncation toward zero, always >= 0 here since x*id >= -16
+    codes = np.trunc(blocks * _inverse(d) + np.float32(16.5))
+    q = np.minimum(codes, 31).astype(np.uint8)
+    qh, qs = _pack_five_bits(q)
+    out = np.concatenate([_fp16_bytes(d), qh, qs], axis=1)
+    return out.reshape(_out_shape(shape, GGMLType.Q5_0))
+
+
+def quantize_q5_1(x: np.ndarray) -> np.ndarray:
+    blocks, shape = _as_blocks(x)
+    lo, hi = _first_min_max(blocks)
+    d = (hi - lo) / np.float32(31)
+    # ggml does not clamp to 31 here: (x - min) / d <= 31 up to rounding, and +0.5 truncates below 32
+    q = np.trunc((blocks - lo) * _inverse(d) + np.float32(0.5)).astype(np.uint8)
+    qh, qs = _pack_five_bits(q)
+    out = np.concatenate([_fp16_bytes(d), _fp16_bytes(lo), qh, qs], axis=1)
+    return out.reshape(_out_shape(shape, GGMLType.Q5_1))
+
+
 def quantize(x: np.ndarray, ggml_type: GGMLType | int | str) -> np.ndarray:
-    """Float32 ``[..., n]`` -> stored bytes of ``ggml_type`` (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K, Q6_K).
+    """Float32 ``[..., n]`` -> stored bytes of ``ggml_type`` (every type ``registry.supported("quantize")`` lists).
 
     The function for each type is found in :mod:`.registry`; an unsupported
     type raises ``NotImplementedError`` naming it and the supported ones.

@@ -1,4 +1,4 @@
-"""The K-quant block formats Q4_K and Q6_K: quantise and dequantise (chapter 6).
+"""The K-quant block formats Q4_K, Q5_K and Q6_K: quantise and dequantise (chapter 6).
 
 The 32-weight formats of chapter 4 pay for their scales in full: Q4_1 stores
 an fp16 scale and an fp16 minimum for every 32 weights, 32 bits of overhead on
@@ -29,6 +29,18 @@ Q4_K: 144 bytes for 256 weights = 4.5 bits per weight::
         w = (d * sc_j) * q - (dmin * m_j)          q in 0..15
 
     Bits: 4 per weight for q, plus (2+2+12) * 8 / 256 = 0.5 for the scales.
+
+Q5_K: 176 bytes for 256 weights = 5.5 bits per weight: Q4_K plus a fifth bit::
+
+    byte 0      2      4              16          48                    176
+         +------+------+--------------+-----------+-----------------------+
+         |  d   | dmin |  scales (12) | qh (32)   | qs: 128 bytes, 4 bits |
+         +------+------+--------------+-----------+-----------------------+
+
+    scales and qs as in Q4_K; bit 2c + k of ``qh[l]`` is the fifth bit of
+    weight l of sub-block 2c + k (k = 0, 1).
+
+        w = (d * sc_j) * q - (dmin * m_j)          q in 0..31
 
 Q6_K: 210 bytes for 256 weights = 6.5625 bits per weight::
 
@@ -85,6 +97,8 @@ API::
 
     quantize_q4_k(x)    float32 [..., n] -> uint8 [..., n // 256 * 144]
     dequantize_q4_k(b)  uint8 (whole blocks) -> float32 [n_blocks * 256]
+    quantize_q5_k(x)    float32 [..., n] -> uint8 [..., n // 256 * 176]
+    dequantize_q5_k(b)  uint8 (whole blocks) -> float32 [n_blocks * 256]
     quantize_q6_k(x)    float32 [..., n] -> uint8 [..., n // 256 * 210]
     dequantize_q6_k(b)  uint8 (whole blocks) -> float32 [n_blocks * 256]
 """
@@ -96,6 +110,7 @@ import numpy as np
 from ..formats.ggml_types import QK_K, GGMLType, type_traits
 
 Q4_K_BYTES = type_traits(GGMLType.Q4_K).type_size  # 144
+Q5_K_BYTES = type_traits(GGMLType.Q5_K).type_size  # 176
 Q6_K_BYTES = type_traits(GGMLType.Q6_K).type_size  # 210
 
 _F32 = np.float32
@@ -168,8 +183,12 @@ def _fp16_value(b: np.ndarray) -> np.ndarray:
 # -- Q4_K ---------------------------------------------------------------------
 
 
-def _fit_min_scale(x: np.ndarray, w: np.ndarray, nmax: int, rmin: float, rdelta: float, nstep: int):
+def _fit_min_scale(x: np.ndarray, w: np.ndarray, nmax: int, rmin: float, rdelta: float, nstep: int,
+                   use_mad: bool = False):
     """Weighted least-squares grid ``x ~ scale * q + min`` per column (ggml's ``make_qkx2_quants``).
+
+    Candidates are ranked by the weighted squared error, or with ``use_mad``
+    (Q2_K) by the weighted absolute error; the fit itself is least squares.
 
     ``x``, ``w``: float32 ``[n, rows]`` (one sub-block per column, ``w`` the
     importance of each value). Returns ``(scale [rows], neg_min [rows],
@@ -191,7 +210,7 @@ def _fit_min_scale(x: np.ndarray, w: np.ndarray, nmax: int, rmin: float, rdelta:
         scale = _F32(1) / iscale
         q = np.clip(_nearest_int(iscale * (x - lo)), 0, nmax)
         diff = scale * q.astype(_F32) + lo - x
-        best_err = _sum_in_order(w * (diff * diff))
+        best_err = _sum_in_order(w * (np.abs(diff) if use_mad else diff * diff))
 
         for step in range(nstep + 1):
             # Stretch the grid a little (rmin + rdelta*step extra levels) and refit.
@@ -212,7 +231,7 @@ def _fit_min_scale(x: np.ndarray, w: np.ndarray, nmax: int, rmin: float, rdelta:
             m_try = np.where(pos, _F32(0), m_try)
             s_try = np.where(pos, sum_xq / sum_q2, s_try)
             diff = s_try * qf + m_try - x
-            err = _sum_in_order(w * (diff * diff))
+            err = _sum_in_order(w * (np.abs(diff) if use_mad else diff * diff))
 
             better = (det > 0) & (err < best_err)
             q = np.where(better, q_try, q)
@@ -227,14 +246,16 @@ def _fit_min_scale(x: np.ndarray, w: np.ndarray, nmax: int, rmin: float, rdelta:
     return scale, -lo, q.astype(np.uint8)
 
 
-def quantize_q4_k(x: np.ndarray) -> np.ndarray:
-    """float32 ``[..., n]`` (n a multiple of 256) -> uint8 ``[..., n // 256 * 144]`` Q4_K blocks.
+def _quantize_k_min(blocks: np.ndarray, nmax: int, rmin: float, nstep: int):
+    """The scale-and-min search shared by Q4_K (nmax 15) and Q5_K (nmax 31).
 
-    Bit-exact with ggml's ``quantize_row_q4_K_ref``. Raises ``ValueError``
-    if the last axis is not a whole number of super-blocks.
+    ``blocks``: float32 ``[nb, 256]``. Each 32-weight sub-block is fitted by
+    :func:`_fit_min_scale` (weights ``rms + |x|``, stretches ``rmin + 0.1 k``,
+    k = 0..nstep); the 8 scales and 8 mins become 6-bit codes against the
+    largest of each, and the codes are recomputed with the rounded scales.
+    Returns ``(d, dmin)`` fp16 ``[nb]``, ``(sc, mn)`` uint8 ``[nb, 8]`` and
+    the codes uint8 ``[nb, 8, 32]`` in 0..nmax, as ``quantize_row_q{4,5}_K_ref``.
     """
-    xin = np.asarray(x)
-    blocks = _super_blocks(xin, "Q4_K")
     nb = blocks.shape[0]
     # position-major: [32, nb*8], one column per 32-weight sub-block
     xs = np.ascontiguousarray(blocks.reshape(nb * 8, 32).T)
@@ -242,7 +263,7 @@ def quantize_q4_k(x: np.ndarray) -> np.ndarray:
     # importance of each value: the sub-block's rms plus its own magnitude
     rms = np.sqrt(_sum_in_order(xs * xs) / _F32(32))
     w = rms + np.abs(xs)
-    scale, neg_min, q = _fit_min_scale(xs, w, nmax=15, rmin=-1.0, rdelta=0.1, nstep=20)
+    scale, neg_min, q = _fit_min_scale(xs, w, nmax=nmax, rmin=rmin, rdelta=0.1, nstep=nstep)
     scale = scale.reshape(nb, 8)
     neg_min = neg_min.reshape(nb, 8)
 
@@ -263,20 +284,58 @@ def quantize_q4_k(x: np.ndarray) -> np.ndarray:
     m_sub = dmin.astype(_F32)[:, None] * mn.astype(_F32)
     xb = blocks.reshape(nb, 8, 32)
     with np.errstate(divide="ignore", invalid="ignore"):
-        q_new = np.clip(_nearest_int((xb + m_sub[..., None]) / d_sub[..., None]), 0, 15)
+        q_new = np.clip(_nearest_int((xb + m_sub[..., None]) / d_sub[..., None]), 0, nmax)
     q = q.T.reshape(nb, 8, 32)
     # a sub-block whose scale rounded to 0 keeps the codes of its own fit, as in ggml
     q = np.where(d_sub[..., None] != 0, q_new, q).astype(np.uint8)
+    return d, dmin, sc, mn, q
 
-    out = np.empty((nb, Q4_K_BYTES), dtype=np.uint8)
+
+def _pack_k_scales(out: np.ndarray, d, dmin, sc: np.ndarray, mn: np.ndarray) -> None:
+    """Write ``d``, ``dmin`` and the 12 bytes of 6-bit scales/mins (bytes 0..15 of Q4_K and Q5_K)."""
     out[:, 0:2] = _fp16_bytes(d)
     out[:, 2:4] = _fp16_bytes(dmin)
     out[:, 4:8] = sc[:, :4] | ((sc[:, 4:] >> 4) << 6)
     out[:, 8:12] = mn[:, :4] | ((mn[:, 4:] >> 4) << 6)
     out[:, 12:16] = (sc[:, 4:] & 0x0F) | ((mn[:, 4:] & 0x0F) << 4)
+
+
+def quantize_q4_k(x: np.ndarray) -> np.ndarray:
+    """float32 ``[..., n]`` (n a multiple of 256) -> uint8 ``[..., n // 256 * 144]`` Q4_K blocks.
+
+    Bit-exact with ggml's ``quantize_row_q4_K_ref``. Raises ``ValueError``
+    if the last axis is not a whole number of super-blocks.
+    """
+    xin = np.asarray(x)
+    blocks = _super_blocks(xin, "Q4_K")
+    nb = blocks.shape[0]
+    d, dmin, sc, mn, q = _quantize_k_min(blocks, nmax=15, rmin=-1.0, nstep=20)
+    out = np.empty((nb, Q4_K_BYTES), dtype=np.uint8)
+    _pack_k_scales(out, d, dmin, sc, mn)
     pairs = q.reshape(nb, 4, 2, 32)  # chunk c: sub-blocks 2c (low nibble) and 2c+1 (high)
     out[:, 16:] = (pairs[:, :, 0] | (pairs[:, :, 1] << 4)).reshape(nb, 128)
     return out.reshape(*xin.shape[:-1], xin.shape[-1] // QK_K * Q4_K_BYTES)
+
+
+def quantize_q5_k(x: np.ndarray) -> np.ndarray:
+    """float32 ``[..., n]`` (n a multiple of 256) -> uint8 ``[..., n // 256 * 176]`` Q5_K blocks.
+
+    Bit-exact with ggml's ``quantize_row_q5_K_ref``: Q4_K's search with 32
+    levels (stretches -0.5 + 0.1 k, k = 0..15). Layout in the module docstring.
+    """
+    xin = np.asarray(x)
+    blocks = _super_blocks(xin, "Q5_K")
+    nb = blocks.shape[0]
+    d, dmin, sc, mn, q = _quantize_k_min(blocks, nmax=31, rmin=-0.5, nstep=15)
+    out = np.empty((nb, Q5_K_BYTES), dtype=np.uint8)
+    _pack_k_scales(out, d, dmin, sc, mn)
+    pairs = q.reshape(nb, 4, 2, 32)  # chunk c: sub-blocks 2c and 2c+1
+    high = pairs >> 4  # [nb, 4, 2, 32]: the fifth bits
+    shifts = (2 * np.arange(4, dtype=np.uint8)[:, None] + np.arange(2, dtype=np.uint8)[None, :])[None, :, :, None]
+    out[:, 16:48] = (high << shifts).sum(axis=(1, 2), dtype=np.uint8)  # bit 2c + k: sub-block 2c + k
+    low = pairs & 0x0F
+    out[:, 48:] = (low[:, :, 0] | (low[:, :, 1] << 4)).reshape(nb, 128)
+    return out.reshape(*xin.shape[:-1], xin.shape[-1] // QK_K * Q5_K_BYTES)
 
 
 def _q4_k_scales(packed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -310,6 +369,23 @@ def q4_k_affine(raw: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     qs = b[:, 16:].reshape(nb, 4, 1, 32)
     q = np.concatenate([qs & 0x0F, qs >> 4], axis=2).reshape(nb * 8, 32)
     return q, d_sub.reshape(-1), -m_sub.reshape(-1)
+
+
+def dequantize_q5_k(raw: np.ndarray) -> np.ndarray:
+    """Q5_K bytes (any shape, a whole number of 176-byte blocks) -> float32 ``[n_blocks * 256]``.
+
+    Bit-exact with ggml's ``dequantize_row_q5_K`` and ``gguf.quants.dequantize``.
+    """
+    b = _raw_blocks(raw, Q5_K_BYTES, "Q5_K")
+    nb = b.shape[0]
+    sc, mn = _q4_k_scales(b[:, 4:16])
+    d_sub = _fp16_value(b[:, 0:2])[:, None] * sc.astype(_F32)  # [nb, 8]
+    m_sub = _fp16_value(b[:, 2:4])[:, None] * mn.astype(_F32)
+    qs = b[:, 48:].reshape(nb, 4, 1, 32)
+    low = np.concatenate([qs & 0x0F, qs >> 4], axis=2).reshape(nb, 8, 32)
+    bit = ((b[:, None, 16:48] >> np.arange(8, dtype=np.uint8)[None, :, None]) & 1)  # [nb, 8, 32]
+    q = (low | (bit << 4)).astype(_F32)
+    return (d_sub[..., None] * q - m_sub[..., None]).reshape(-1)
 
 
 # -- Q6_K ---------------------------------------------------------------------

@@ -28,14 +28,18 @@ layouts they document, and this table only names them.)
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
+from ..config import ConfigError
 from ..formats.ggml_types import GGMLType, TypeTraits, type_traits
-from . import dequant, ggml_blocks, kquants
+from . import dequant, ggml_blocks, iq4, kquants, kquants_low
+
+if TYPE_CHECKING:
+    from ..formats.source import WeightSource
 
 Decoder = Callable[[np.ndarray], np.ndarray]
 Encoder = Callable[[np.ndarray], np.ndarray]
@@ -81,9 +85,12 @@ def _quantize_f16(x: np.ndarray) -> np.ndarray:
 
 
 def _quantize_bf16(x: np.ndarray) -> np.ndarray:
-    from .floats import encode
-
-    return np.ascontiguousarray(encode(np.asarray(x, dtype=np.float32), "bf16")).view(np.uint8)
+    """float32 -> bf16 bytes as ggml's ``ggml_compute_fp32_to_bf16``: round to nearest even on the
+    bits; a NaN keeps its top 16 bits with the quiet bit (64) set, so it stays a NaN."""
+    u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
+    nan = (u & 0x7FFFFFFF) > 0x7F800000
+    rounded = (u + (0x7FFF + ((u >> 16) & 1))) >> 16  # no overflow: the largest non-NaN is 0xFF800000
+    return np.where(nan, (u >> 16) | 64, rounded).astype("<u2").view(np.uint8)
 
 
 # -- the table ------------------------------------------------------------------
@@ -92,12 +99,23 @@ _SUPPORTED: dict[GGMLType, tuple[Decoder | None, Encoder | None]] = {
     GGMLType.F32: (_element_decoder(GGMLType.F32), _quantize_f32),
     GGMLType.F16: (_element_decoder(GGMLType.F16), _quantize_f16),
     GGMLType.F64: (_element_decoder(GGMLType.F64), None),
+    GGMLType.I8: (_element_decoder(GGMLType.I8), None),
+    GGMLType.I16: (_element_decoder(GGMLType.I16), None),
+    GGMLType.I32: (_element_decoder(GGMLType.I32), None),
+    GGMLType.I64: (_element_decoder(GGMLType.I64), None),
     GGMLType.BF16: (_dequantize_bf16, _quantize_bf16),
     GGMLType.Q8_0: (dequant.dequantize_q8_0, ggml_blocks.quantize_q8_0),
     GGMLType.Q4_0: (dequant.dequantize_q4_0, ggml_blocks.quantize_q4_0),
     GGMLType.Q4_1: (dequant.dequantize_q4_1, ggml_blocks.quantize_q4_1),
     GGMLType.Q4_K: (kquants.dequantize_q4_k, kquants.quantize_q4_k),
     GGMLType.Q6_K: (kquants.dequantize_q6_k, kquants.quantize_q6_k),
+    GGMLType.Q5_0: (dequant.dequantize_q5_0, ggml_blocks.quantize_q5_0),
+    GGMLType.Q5_1: (dequant.dequantize_q5_1, ggml_blocks.quantize_q5_1),
+    GGMLType.Q5_K: (kquants.dequantize_q5_k, kquants.quantize_q5_k),
+    GGMLType.Q3_K: (kquants_low.dequantize_q3_k, kquants_low.quantize_q3_k),
+    GGMLType.Q2_K: (kquants_low.dequantize_q2_k, kquants_low.quantize_q2_k),
+    GGMLType.IQ4_NL: (dequant.dequantize_iq4_nl, iq4.quantize_iq4_nl),
+    GGMLType.IQ4_XS: (iq4.dequantize_iq4_xs, iq4.quantize_iq4_xs),
 }
 
 #: every ggml type, with None for what the engine cannot do with it
@@ -129,4 +147,35 @@ def quantizer(ggml_type: GGMLType | int) -> Encoder:
     return _lookup(ggml_type, "quantize")
 
 
-__all__ = ["CODECS", "Codec", "dequantizer", "quantizer", "supported"]
+def check_computable(source: WeightSource, names: Iterable[str] | None = None) -> None:
+    """Refuse a model file holding a tensor type the engine cannot compute, before any weight is read.
+
+    Every ggml type is known by name and size (``formats.ggml_types``), so a
+    file of any type opens and lists (``llmrs info``); computing needs its
+    dequantiser. ``names``: the tensors the model will read (default: all of
+    them). A type name that is not a ggml type (a safetensors dtype such as
+    ``U8``) is its own reader's to decode and is not judged here. Raises
+    ``ConfigError`` naming the file, each offending tensor with its type,
+    and the types supported.
+    """
+    wanted = source.tensors if names is None else names
+    bad = [(name, source.tensors[name].type_name) for name in wanted
+           if not _computable(source.tensors[name].type_name)]
+    if not bad:
+        return
+    shown = ", ".join(f"{name} ({type_name})" for name, type_name in bad[:8])
+    more = f" and {len(bad) - 8} more" if len(bad) > 8 else ""
+    names = ", ".join(t.name for t in supported("dequantize"))
+    raise ConfigError(
+        f"{source.path}: {len(bad)} tensor(s) of a type this engine cannot compute: {shown}{more}; "
+        f"supported types: {names}"
+    )
+
+
+def _computable(type_name: str) -> bool:
+    """False for a ggml type without a dequantiser; True otherwise."""
+    t = GGMLType.__members__.get(type_name.upper())
+    return t is None or CODECS[t].dequantize is not None
+
+
+__all__ = ["CODECS", "Codec", "check_computable", "dequantizer", "quantizer", "supported"]

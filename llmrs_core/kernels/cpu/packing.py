@@ -17,8 +17,13 @@ Every 4-bit type with one scale and one offset per 32 weights fits one form,
 ``m = -8 d``, and Q4_K with each 32-weight sub-block's ``d * sc`` and
 ``-dmin * m``. The symmetric types have the other form, ``w = d * q`` with
 ``q`` int8: Q8_0 with blocks of 32, Q6_K with its 16-weight sub-blocks
-(``q - 32``, scale ``d * sc``). Anything else (F32, F16, Q5_K ...) is kept as
-a float32 matrix and multiplied by BLAS.
+(``q - 32``, scale ``d * sc``). Other types fit it exactly too: Q5_0
+(``q - 16``, blocks of 32), IQ4_NL and IQ4_XS (the table's int8 value,
+scale ``d`` or ``d * (s - 32)`` per 32), Q3_K (``q - 4``, scale
+``d * (s - 32)`` per 16). The decoded weight is the same float32 product
+``d * q`` as the dequantiser's. Types with an offset per block that is not
+4-bit (Q5_1, Q5_K, Q2_K) and the float types (F32, F16, BF16) are kept as a
+float32 matrix and multiplied by BLAS.
 
 Rows are padded with zero weights to a multiple of :data:`LANES`; the
 kernels compute the padding rows and the callers slice them away.
@@ -33,8 +38,10 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ...formats.ggml_types import GGMLType, type_traits
-from ...quant.dequant import q4_0_affine, q4_1_affine, q8_0_symmetric
+from ...quant.dequant import iq4_nl_symmetric, q4_0_affine, q4_1_affine, q5_0_symmetric, q8_0_symmetric
+from ...quant.iq4 import iq4_xs_symmetric
 from ...quant.kquants import q4_k_affine, q6_k_symmetric
+from ...quant.kquants_low import q3_k_symmetric
 
 if TYPE_CHECKING:
     from .int8 import Int8Rows
@@ -55,6 +62,10 @@ KERNEL_FORMS: dict[GGMLType, tuple[str, Callable[[np.ndarray], tuple[np.ndarray,
     GGMLType.Q4_K: ("q4", q4_k_affine),
     GGMLType.Q8_0: ("q8", q8_0_symmetric),
     GGMLType.Q6_K: ("q8", q6_k_symmetric),
+    GGMLType.Q5_0: ("q8", q5_0_symmetric),
+    GGMLType.IQ4_NL: ("q8", iq4_nl_symmetric),
+    GGMLType.IQ4_XS: ("q8", iq4_xs_symmetric),
+    GGMLType.Q3_K: ("q8", q3_k_symmetric),
 }
 
 
