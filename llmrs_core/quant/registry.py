@@ -65,7 +65,7 @@ def _element_decoder(ggml_type: GGMLType) -> Decoder:
     dtype = type_traits(ggml_type).dtype
 
     def decode(raw: np.ndarray) -> np.ndarray:
-        return raw.view(dtype).astype(np.float32)
+        return np.ascontiguousarray(raw).reshape(-1).view(dtype).astype(np.float32)
 
     decode.__name__ = decode.__qualname__ = f"dequantize_{ggml_type.name.lower()}"
     return decode
@@ -73,7 +73,7 @@ def _element_decoder(ggml_type: GGMLType) -> Decoder:
 
 def _dequantize_bf16(raw: np.ndarray) -> np.ndarray:
     """bf16 is the top half of a float32: shift the 16 bits back into place."""
-    return (raw.view("<u2").astype(np.uint32) << 16).view(np.float32)
+    return (np.ascontiguousarray(raw).reshape(-1).view("<u2").astype(np.uint32) << 16).view(np.float32)
 
 
 def _quantize_f32(x: np.ndarray) -> np.ndarray:

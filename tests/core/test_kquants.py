@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 from llmrs_core.quant.kquants import dequantize_q4_k, dequantize_q6_k, quantize_q4_k, quantize_q6_k
+from tests.core.quant_cases import make_case
 
 gguf = pytest.importorskip("gguf", reason="the gguf package is the test-time reference")
 from gguf import GGMLQuantizationType  # noqa: E402
@@ -33,52 +34,6 @@ KINDS = {
 # search gets a little under that. Two more bits make the grid 4x finer.
 ERROR_BOUND = {"Q4_K": 0.08, "Q6_K": 0.02}
 
-N_BLOCKS = 200  # super-blocks per random case: enough to hit the rare branches, fast
-
-
-def make_case(name: str) -> np.ndarray:
-    """The seeded input of one case: float32 ``[rows, 512]`` (two super-blocks a row).
-
-    Built from the generator's uniform and normal draws with plain
-    arithmetic only, so the floats (and so the digests) don't depend on
-    the platform's math library.
-    """
-    rng = np.random.default_rng(list(CASES).index(name) + 2024)
-    shape = (N_BLOCKS // 2, 512)
-    normal = rng.standard_normal(shape)
-    uniform = rng.random(shape)
-    if name == "normal":
-        x = normal * 0.02
-    elif name == "uniform":
-        x = uniform * 2 - 1
-    elif name == "outliers":  # 1% of the weights 50x larger, as in real LLM layers
-        x = normal * np.where(rng.random(shape) < 0.01, 50.0, 1.0)
-    elif name == "heavy_tailed":  # |x| ~ 1/u: a Pareto-like tail reaching 100x the median
-        x = np.where(normal < 0, -1.0, 1.0) / (uniform + 0.01)
-    elif name == "positive":  # every sub-block above zero: the min is clamped to 0
-        x = normal + 4.0
-    elif name == "negative":
-        x = -(uniform + 0.5)
-    elif name == "mixed_scales":  # each 16-value group at its own scale, 2**-14 .. 2**5
-        scales = np.ldexp(1.0 + rng.random((shape[0], 32)), rng.integers(-14, 5, (shape[0], 32)))
-        x = normal * np.repeat(scales, 16, axis=1)
-    elif name == "zero_sub_blocks":  # about half the 32-value sub-blocks all zero
-        x = normal * np.repeat(rng.random((shape[0], 16)) < 0.5, 32, axis=1)
-    elif name == "sparse":
-        x = normal * (uniform < 0.05)
-    elif name == "integers":  # exact halves: rounding ties everywhere
-        x = np.floor(uniform * 17 - 8) * 0.5
-    elif name == "tiny":
-        x = normal * 1e-6
-    elif name == "underflow":  # x*x underflows float32: Q6_K's weighted sums vanish
-        x = normal * 1e-20
-    elif name == "all_zero":
-        x = np.zeros((4, 512))
-    elif name == "constant":  # a constant per super-block
-        x = np.repeat(np.array([0.37, -1.5, 1e-3, 0.0, 65.0, -2e-7]), 256).reshape(3, 512)
-    else:
-        raise KeyError(name)
-    return x.astype(np.float32)
 
 
 # sha256(quantised bytes)[:24] of ggml's reference quantiser on make_case(name)

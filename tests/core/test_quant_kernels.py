@@ -1,0 +1,74 @@
+"""The numba backend on a tiny model stored in each type issue 28 adds (its kernel path per type).
+
+Each type either packs into a form the Numba kernels read, exactly (the decoded weight is the
+same float32 product ``d * q`` as the dequantiser's), or is dequantised to float32 at load:
+
+    Q5_0, IQ4_NL, IQ4_XS   "q8" form, blocks of 32: float kernels, and an int8 copy (int8 path)
+    Q3_K                   "q8" form, blocks of 16 (Q6_K's): float kernels, row by row on the int8 path
+    Q5_1, Q5_K, Q2_K, BF16 float32 at load: BLAS
+
+The exact path (``exact=True``) must give the NumPy backend's logits to float32 rounding; the
+default int8 path must run, on the int8 kernels where the type has an int8 copy.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+import llmrs_core as llmrs
+from llmrs_core.kernels.cpu.int8 import int8_unavailable
+from llmrs_core.testing import float32_tolerance, normalised_error, write_tiny_llama
+
+PATHS = {"Q5_0": ("q8", 32, True), "IQ4_NL": ("q8", 32, True), "IQ4_XS": ("q8", 32, True),
+         "Q3_K": ("q8", 16, False), "Q5_1": ("f32", None, False), "Q5_K": ("f32", None, False),
+         "Q2_K": ("f32", None, False), "BF16": ("f32", None, False)}
+
+IDS = list(range(1, 20))
+
+
+@pytest.fixture(scope="module", params=list(PATHS))
+def stored(request, tmp_path_factory):
+    """(type name, path, NumPy backend's logits [T, V]) of a tiny model whose matrices are in that type."""
+    path = tmp_path_factory.mktemp("kernels") / f"{request.param}.gguf"
+    write_tiny_llama(path, weight_type=request.param.lower(), hidden_size=256, intermediate_size=512,
+                     n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=64)
+    reference = llmrs.load(path, backend="numpy")
+    return request.param, path, reference.network.forward(IDS), reference.config
+
+
+def test_exact_path_equals_numpy_to_float32_rounding(stored):
+    type_name, path, want, config = stored
+    model = llmrs.load(path, backend="numba", exact=True)
+    kind, block, _ = PATHS[type_name]
+    for w in (model.network.layers[0].wq, model.network.layers[1].w_down, model.network.output):
+        assert w.kind == kind, f"{type_name}: packed as {w.kind}, expected {kind}"
+        if block is not None:
+            assert w.qs.shape[2] == block
+    assert normalised_error(model.network.forward(IDS), want) <= float32_tolerance(config)
+
+
+@pytest.mark.skipif(int8_unavailable() is not None, reason=f"int8 kernels not compiled: {int8_unavailable()}")
+def test_int8_path_runs(stored):
+    type_name, path, want, config = stored
+    model = llmrs.load(path, backend="numba")
+    _, _, has_int8 = PATHS[type_name]
+    layer = model.network.layers[0]
+    assert (layer.wq.int8 is not None) == has_int8 and (layer.w_down.int8 is not None) == has_int8
+    got = model.network.forward(IDS)
+    if not has_int8:  # the float kernels, row by row (Q3_K) or BLAS: float32 rounding
+        assert normalised_error(got, want) <= float32_tolerance(config)
+        return
+    # Each of the 2 * 7 + 1 chained products rounds its input to 8 bits per 32 values: a relative
+    # error of at most 2^-8 per element (1/254 of the block's largest), about 2^-8 / sqrt(3) rms;
+    # through 15 products they add like a random walk, sqrt(15) * 2^-8 / sqrt(3) = 0.009 rms of
+    # the logits' scale, and the largest of 64 x 19 logits lies within about 4 sigma of it.
+    # Measured 0.015-0.021 (Q4_K on the same model: 0.020); a wrong code or scale is order 1.
+    bound = 4 * math.sqrt(15) * 2**-8 / math.sqrt(3)
+    assert normalised_error(got, want) <= bound
+    # a different top token only where the reference's two candidates lie within that error
+    slack = 2 * bound * np.abs(want).max()
+    chosen = want[np.arange(len(IDS)), got.argmax(axis=1)]
+    assert np.all(chosen >= want.max(axis=1) - slack)
