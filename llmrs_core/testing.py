@@ -258,6 +258,9 @@ class ByteTokenizer:
     def encode(self, text: str, allow_special: bool = True) -> list[int]:
         return list(text.encode())
 
+    def encode_prompt(self, text: str, allow_special: bool = False) -> list[int]:
+        return list(text.encode())  # no BOS token
+
     def min_token_count(self, text: str) -> int:
         return len(text.encode())  # one token per byte: exact
 

@@ -194,6 +194,8 @@ def prompt_ids(
     Text is encoded as ordinary text: ``<|im_start|>`` typed by a user is
     text, not a control token, unless the caller opts in with
     ``allow_special`` (the chat path builds its control tokens itself).
+    BOS comes first where the model's rule says so (``Tokenizer.encode_prompt``:
+    Llama 2/3 and Phi-3 yes, SmolLM2 and Qwen2 no); token ids are taken as given.
     Text too long to fit is refused *before* it is encoded, from a cheap
     lower bound on its token count, so a huge prompt cannot occupy the
     tokenizer for minutes only to be refused.
@@ -203,7 +205,7 @@ def prompt_ids(
         if tokenizer is None:
             raise ValueError("this model has no tokenizer: give token ids, not text")
         precheck_text([prompt], tokenizer, context_length, max_tokens)
-        ids = tokenizer.encode(prompt, allow_special=allow_special)
+        ids = tokenizer.encode_prompt(prompt, allow_special=allow_special)  # BOS by the model's rule
     else:
         ids = prompt
     ids = check_token_ids(ids, vocab_size)

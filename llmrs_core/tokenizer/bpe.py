@@ -19,7 +19,7 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from .bytes_map import decode_chars, encode_bytes
 from .pretokenize import pretokenize
@@ -190,21 +190,37 @@ def vocab_from_merges(merges: Iterable[tuple[str, str]]) -> dict[str, int]:
     return vocab
 
 
-def encode_ordinary(text: str, vocab: Mapping[str, int], ranks: Mapping[tuple[str, str], int], cache: dict | None = None) -> list[int]:
+def encode_ordinary(
+    text: str,
+    vocab: Mapping[str, int],
+    ranks: Mapping[tuple[str, str], int],
+    cache: dict | None = None,
+    split: Callable[[str], list[str]] = pretokenize,
+    ignore_merges: bool = False,
+) -> list[int]:
     """Encode plain text (no special tokens) with a byte-level BPE vocabulary and merges.
 
     ``cache`` maps a word's stand-in string to its ids: a dict, or anything
     with ``get`` and item assignment (the :class:`~.tokenizer.Tokenizer`
-    passes a bounded :class:`~.word_cache.WordCache`).
+    passes a bounded :class:`~.word_cache.WordCache`). ``split`` cuts text into
+    words (SmolLM2's :func:`.pretokenize.pretokenize` by default; see
+    :mod:`.pretokenizers` for the others); with ``ignore_merges`` (Llama 3) a
+    word that is itself a token is that token, whatever the merges would make.
     """
     ids: list[int] = []
-    for word in pretokenize(text):
+    for word in split(text):
         chars = encode_bytes(word.encode("utf-8"))
         if cache is not None:
             cached = cache.get(chars)
             if cached is not None:
                 ids.extend(cached)
                 continue
+        if ignore_merges and chars in vocab:
+            word_ids = [vocab[chars]]
+            if cache is not None:
+                cache[chars] = word_ids
+            ids.extend(word_ids)
+            continue
         pieces = bpe_merge_word(chars, ranks)
         if any(p not in vocab for p in pieces):
             # A byte whose character is not in the vocabulary (SmolLM2 lacks 21 of the

@@ -24,15 +24,23 @@ class StreamDecoder:
     incomplete sequence then becomes ``U+FFFD``: the input really was broken).
     """
 
-    def __init__(self, tokenizer: Tokenizer, skip_special: bool = False):
+    def __init__(self, tokenizer: Tokenizer, skip_special: bool = False, drop_leading_space: bool = False):
         self.tokenizer = tokenizer
         self.skip_special = skip_special
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        # SentencePiece writes a space before a text; Tokenizer.decode drops it at the start, and so
+        # does a stream that starts a text (the first byte it sees, if that is a space)
+        self._drop_space = drop_leading_space
 
     def add(self, token_id: int) -> str:
         if self.skip_special and self.tokenizer.is_special(token_id):
             return ""
-        return self._decoder.decode(self.tokenizer.token_bytes(token_id))
+        data = self.tokenizer.token_bytes(token_id)
+        if self._drop_space and data:
+            self._drop_space = False
+            if data.startswith(b" "):
+                data = data[1:]
+        return self._decoder.decode(data)
 
     def flush(self) -> str:
         return self._decoder.decode(b"", final=True)

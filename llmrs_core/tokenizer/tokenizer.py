@@ -1,226 +1,238 @@
-"""The Tokenizer: SmolLM2's byte-level BPE built from a GGUF file (chapter 2).
+"""The Tokenizer: byte-level BPE or SentencePiece, built from a GGUF file or a Hugging Face directory (chapter 2).
 
-Everything it needs is in the GGUF metadata: ``tokenizer.ggml.tokens`` (id ->
-token text in byte stand-in characters), ``tokenizer.ggml.token_type``
-(1 normal, 3 control, 4 user-defined, ...), ``tokenizer.ggml.merges``
-(``"left right"`` strings in rank order), the special ids and the chat
+Everything it needs is in the GGUF metadata: ``tokenizer.ggml.model``
+(``"gpt2"``: byte-level BPE; ``"llama"``: SentencePiece), ``tokenizer.ggml.pre``
+(which pre-tokeniser a BPE vocabulary was trained with), ``tokenizer.ggml.tokens``
+(id -> token text), ``tokenizer.ggml.token_type`` (1 normal, 2 unknown, 3 control,
+4 user-defined, 6 byte), ``tokenizer.ggml.merges`` (BPE, ``"left right"`` in rank
+order) or ``tokenizer.ggml.scores`` (SentencePiece), the special ids and the chat
 template. No external tokenizer library runs in this path; Hugging Face
-``tokenizers`` is only the reference in the tests.
+``tokenizers`` and llama.cpp's own test vectors are the references in the tests.
+
+What is common to both kinds lives here (special tokens, BOS, decoding,
+streaming, the length bound, chat); what differs is a :class:`~.model.TextModel`.
+
+**BOS.** :meth:`Tokenizer.encode` adds the BOS token only when asked
+(``add_bos=True``), so ``encode(text, allow_special=False)`` is exactly
+llama.cpp's ``tokenize(text, add_special=False, parse_special=False)``.
+:meth:`Tokenizer.encode_prompt` applies the model's rule (``add_bos``: the
+file's ``tokenizer.ggml.add_bos_token``, else llama.cpp's default for the
+kind) to a raw text prompt; that is what ``generate`` uses. A rendered chat
+template writes its own ``{{ bos_token }}``, so no BOS is added to it
+(Hugging Face's ``add_special_tokens=False``).
 """
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import secrets
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import regex
 
-from .bpe import encode_ordinary, merge_ranks
-from .bytes_map import bytes_to_unicode, decode_chars
 from .chat import check_messages, render_chat_template
+from .model import MODEL_KINDS, BPEModel, TextModel
+from .pretokenizers import PreTokenizer, pre_tokenizer
+from .sentencepiece import SentencePieceModel
+from .special import (
+    C_WHITESPACE,
+    END_OF_GENERATION,
+    SPECIAL_TYPES,
+    TOKEN_BYTE,
+    TOKEN_CONTROL,
+    TOKEN_NORMAL,
+    TOKEN_UNKNOWN,
+    TOKEN_UNUSED,
+    TOKEN_USER_DEFINED,
+    SpecialTokens,
+    end_of_generation_ids,
+)
 from .streaming import StreamDecoder
-from .word_cache import WordCache
 
 if TYPE_CHECKING:
     from ..formats.gguf import GGUFFile
 
-# tokenizer.ggml.token_type values (llama.cpp's llama_token_type)
-TOKEN_NORMAL, TOKEN_UNKNOWN, TOKEN_CONTROL, TOKEN_USER_DEFINED, TOKEN_UNUSED, TOKEN_BYTE = 1, 2, 3, 4, 5, 6
-SPECIAL_TYPES = (TOKEN_CONTROL, TOKEN_USER_DEFINED)
-# special tokens that end a turn, besides eos, in the vocabularies we meet (ChatML, GPT-2, Llama 3)
-END_OF_TURN_TOKENS = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>")
+__all__ = [
+    "TOKEN_BYTE", "TOKEN_CONTROL", "TOKEN_NORMAL", "TOKEN_UNKNOWN", "TOKEN_UNUSED", "TOKEN_USER_DEFINED",
+    "Tokenizer",
+]
 # encode_rendered_chat's placeholders: a private-use character, 12 random digits, "#", an index, another
 PLACEHOLDER = regex.compile("\ue000([0-9]{12})#([0-9]+)\ue001")
 
 
-def _read_json_object(path: Path) -> dict[str, Any]:
-    """A JSON object from ``path``; ``ValueError`` naming the file otherwise (not JSON, not an
-    object, or nested deeper than the parser's stack)."""
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ValueError(f"{path}: not valid JSON ({e})") from None
-    except RecursionError:
-        raise ValueError(f"{path}: JSON nested too deeply") from None
-    if not isinstance(data, dict):
-        raise ValueError(f"{path}: expected a JSON object, got {type(data).__name__}")
-    return data
+def _phi3_rstrip(tokens: Sequence[str], types: Sequence[int]) -> set[int]:
+    """The tokens llama.cpp makes swallow the whitespace after them in a model named Phi-3:
+    every special token and ``</s>``, but not ``<unk>``, ``<s>``, ``<|endoftext|>``."""
+    ids = {i for i, ty in enumerate(types) if ty in SPECIAL_TYPES}
+    ids |= {i for i, t in enumerate(tokens) if t == "</s>"}
+    return {i for i in ids if tokens[i] not in ("<unk>", "<s>", "<|endoftext|>")}
 
 
 class Tokenizer:
-    """Byte-level BPE tokenizer (GPT-2 family, SmolLM2's pre-tokenisation).
+    """A tokenizer: byte-level BPE (``kind="gpt2"``) or SentencePiece (``kind="llama"``).
 
     Args:
-        tokens: token text by id, in byte stand-in characters (``"Ġthe"``).
-        merges: merges in rank order, as ``"left right"`` strings or pairs.
-        token_types: llama.cpp token types by id; control and user-defined
-            tokens are *special*: matched whole in text when ``allow_special``.
-        bos_token_id, eos_token_id: ids of the begin/end-of-sequence tokens.
+        tokens: token text by id (BPE: in byte stand-in characters, ``"Ġthe"``;
+            SentencePiece: pieces with ``▁`` for a space, ``<0x0A>`` byte tokens).
+        merges: BPE merges in rank order, as ``"left right"`` strings or pairs (SentencePiece: none).
+        token_types: llama.cpp token types by id; control, user-defined and unknown
+            tokens are *special* (see :mod:`.special`).
+        bos_token_id, eos_token_id, eot_token_id, eom_token_id, unk_token_id: the special ids.
         chat_template: a Jinja2 chat template (the GGUF's ``tokenizer.chat_template``).
-        add_bos: prepend ``bos_token_id`` when encoding (SmolLM2: no).
-        word_cache_size: how many words' ids to remember (least recently used
-            go first; see :class:`~.word_cache.WordCache`).
+        add_bos: the model's rule: does a raw text prompt start with BOS (:meth:`encode_prompt`)?
+            ``None``: the pre-tokeniser's default (BPE) or yes (SentencePiece), as llama.cpp.
+        word_cache_size: how many words' ids BPE remembers (see :class:`~.word_cache.WordCache`).
+        pre: the BPE pre-tokeniser's name (``tokenizer.ggml.pre``; :mod:`.pretokenizers`);
+            ``"smollm"`` by default, chapter 2's tokenizer.
+        kind: ``"gpt2"`` or ``"llama"`` (GGUF's ``tokenizer.ggml.model``).
+        scores: SentencePiece piece scores by id.
+        add_space_prefix: SentencePiece writes a space before each run of text (default yes).
+        rstrip, lstrip: ids of special tokens that swallow the whitespace after / before them.
     """
 
     def __init__(
         self,
         tokens: Sequence[str],
-        merges: Sequence[str | tuple[str, str]],
+        merges: Sequence[str | tuple[str, str]] = (),
         token_types: Sequence[int] | None = None,
         *,
         bos_token_id: int | None = None,
         eos_token_id: int | None = None,
+        eot_token_id: int | None = None,
+        eom_token_id: int | None = None,
+        unk_token_id: int | None = None,
         chat_template: str | None = None,
-        add_bos: bool = False,
+        add_bos: bool | None = None,
         word_cache_size: int = 2**16,
+        pre: str | None = "smollm",
+        kind: str = "gpt2",
+        scores: Sequence[float] | None = None,
+        add_space_prefix: bool = True,
+        rstrip: Collection[int] = (),
+        lstrip: Collection[int] = (),
     ):
+        from .bpe import merge_ranks
+
+        if kind not in MODEL_KINDS:
+            raise ValueError(f"unknown tokenizer model {kind!r} (tokenizer.ggml.model); supported: "
+                             + ", ".join(f"{k!r}" for k in MODEL_KINDS))
         self.tokens = list(tokens)
-        self.vocab: dict[str, int] = {}
-        for i, t in enumerate(self.tokens):
-            self.vocab.setdefault(t, i)
-        self.ranks = merge_ranks(merges)
         types = list(token_types) if token_types is not None else [TOKEN_NORMAL] * len(self.tokens)
         if len(types) != len(self.tokens):
             raise ValueError(f"{len(types)} token types for {len(self.tokens)} tokens")
-        self.token_types = types
-        self.special_tokens: dict[str, int] = {
-            t: i for i, (t, ty) in enumerate(zip(self.tokens, types, strict=True)) if ty in SPECIAL_TYPES
-        }
-        for name, tid in (("bos_token_id", bos_token_id), ("eos_token_id", eos_token_id)):
+        for name, tid in (("bos_token_id", bos_token_id), ("eos_token_id", eos_token_id),
+                          ("eot_token_id", eot_token_id), ("eom_token_id", eom_token_id),
+                          ("unk_token_id", unk_token_id)):
             if tid is not None and not 0 <= tid < len(self.tokens):
                 raise ValueError(f"{name} {tid} is outside the vocabulary of {len(self.tokens)}")
-        self.bos_token_id = bos_token_id
-        self.eos_token_id = eos_token_id
+        self.kind = kind
+        self.vocab: dict[str, int] = {}
+        if kind == "gpt2":
+            for i, t in enumerate(self.tokens):
+                self.vocab.setdefault(t, i)  # Hugging Face's BPE: a repeated text keeps its first id
+        else:
+            self.vocab = {t: i for i, t in enumerate(self.tokens)}  # llama.cpp's token_to_id: the last
+        # end-of-generation texts are control tokens whatever the file says (llama.cpp overrides them too)
+        for t in END_OF_GENERATION:
+            if t in self.vocab and types[self.vocab[t]] != TOKEN_CONTROL:
+                types[self.vocab[t]] = TOKEN_CONTROL
+        self.token_types = types
+        self.bos_token_id, self.eos_token_id = bos_token_id, eos_token_id
+        self.eot_token_id, self.eom_token_id, self.unk_token_id = eot_token_id, eom_token_id, unk_token_id
         self.chat_template = chat_template
-        self.add_bos = add_bos
-        # longest first, so "<|im_start|>" wins over any special that is its prefix
-        alternatives = sorted(self.special_tokens, key=len, reverse=True)
-        self._special_split = (
-            regex.compile("(" + "|".join(regex.escape(s) for s in alternatives) + ")") if alternatives else None
-        )
-        self._cache = WordCache(word_cache_size)
+        self.specials = SpecialTokens(self.tokens, types, rstrip, lstrip)
+        self.special_tokens: dict[str, int] = self.specials.ids
+        self.pre: PreTokenizer | None = None
+        self.model: TextModel
+        if kind == "gpt2":
+            self.pre = pre_tokenizer(pre)
+            self.ranks = merge_ranks(merges)
+            self.model = BPEModel(self.tokens, self.vocab, self.ranks, self.pre, word_cache_size)
+            self._cache = self.model.cache
+            self.add_bos = self.pre.add_bos if add_bos is None else bool(add_bos)
+            self.clean_spaces = self.pre.clean_spaces
+        else:
+            if merges:
+                raise ValueError("a SentencePiece tokenizer has scores, not merges")
+            self.ranks = {}
+            self.model = SentencePieceModel(self.tokens, list(scores) if scores is not None else [0.0] * len(self.tokens),
+                                            types, self.vocab, add_space_prefix=add_space_prefix,
+                                            unk_token_id=unk_token_id)
+            self.add_bos = True if add_bos is None else bool(add_bos)
+            self.clean_spaces = False
         self._bytes_cache: dict[int, bytes] = {}
 
     @classmethod
     def from_gguf(cls, gguf: GGUFFile) -> Tokenizer:
-        """Build the tokenizer from a GGUF file's ``tokenizer.*`` metadata (``model == "gpt2"``)."""
+        """Build the tokenizer from a GGUF file's ``tokenizer.*`` metadata (``model`` ``"gpt2"`` or ``"llama"``).
+
+        An unknown ``tokenizer.ggml.model`` or ``tokenizer.ggml.pre`` is refused
+        with a ``ValueError`` naming it and the supported values (llama.cpp throws
+        too); a BPE vocabulary that names no pre-tokeniser gets llama.cpp's
+        ``default`` one, as llama.cpp does.
+        """
         md = gguf.metadata
         kind = md.get("tokenizer.ggml.model")
-        if kind != "gpt2":
-            raise ValueError(
-                f"{gguf.path}: tokenizer.ggml.model is {kind!r}; only byte-level BPE ('gpt2') is supported"
-            )
-        for key in ("tokenizer.ggml.tokens", "tokenizer.ggml.merges"):
+        if kind not in MODEL_KINDS:
+            raise ValueError(f"{gguf.path}: tokenizer.ggml.model is {kind!r}; supported: "
+                             + ", ".join(f"{k!r} ({d})" for k, d in zip(MODEL_KINDS, ("byte-level BPE", "SentencePiece"))))
+        needed = ("tokenizer.ggml.tokens", "tokenizer.ggml.merges") if kind == "gpt2" else (
+            "tokenizer.ggml.tokens", "tokenizer.ggml.scores")
+        for key in needed:
             if key not in md:
                 raise ValueError(f"{gguf.path}: GGUF metadata lacks {key!r}")
-        return cls(
-            md["tokenizer.ggml.tokens"],
-            md["tokenizer.ggml.merges"],
-            md.get("tokenizer.ggml.token_type"),
-            bos_token_id=md.get("tokenizer.ggml.bos_token_id"),
-            eos_token_id=md.get("tokenizer.ggml.eos_token_id"),
-            chat_template=md.get("tokenizer.chat_template"),
-            add_bos=bool(md.get("tokenizer.ggml.add_bos_token", False)),
-        )
+        tokens = md["tokenizer.ggml.tokens"]
+        types = md.get("tokenizer.ggml.token_type")
+        if types is None:
+            types = [TOKEN_NORMAL] * len(tokens)
+        name = str(md.get("general.name", "")).lower()
+        rstrip = _phi3_rstrip(tokens, types) if "phi-3" in name or "phi3" in name else ()
+        add_bos = md.get("tokenizer.ggml.add_bos_token")
+        special = {}
+        for key in ("bos", "eos", "eot", "eom", "unk"):
+            special[f"{key}_token_id"] = md.get(f"tokenizer.ggml.{'unknown' if key == 'unk' else key}_token_id")
+        if kind == "llama":  # llama.cpp's defaults for SentencePiece
+            special = {"bos_token_id": 1, "eos_token_id": 2, "unk_token_id": 0} | {
+                k: v for k, v in special.items() if v is not None}
+        pre = md.get("tokenizer.ggml.pre")
+        try:
+            return cls(
+                tokens, md.get("tokenizer.ggml.merges", []) if kind == "gpt2" else (), types,
+                chat_template=md.get("tokenizer.chat_template"),
+                add_bos=None if add_bos is None else bool(add_bos),
+                pre=pre, kind=kind, scores=md.get("tokenizer.ggml.scores"),
+                add_space_prefix=bool(md.get("tokenizer.ggml.add_space_prefix", True)),
+                rstrip=rstrip, **special,
+            )
+        except ValueError as e:
+            raise ValueError(f"{gguf.path}: {e}") from None
 
     # -- Hugging Face tokenizer files (chapter 10) ---------------------------
-
-    PRE_TOKENIZER = {
-        "type": "Sequence",
-        "pretokenizers": [
-            {"type": "Digits", "individual_digits": True},
-            {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True},
-        ],
-    }
 
     @classmethod
     def from_hf_dir(cls, directory: str | os.PathLike[str]) -> Tokenizer:
         """Build the tokenizer from a Hugging Face ``tokenizer.json`` (+ ``tokenizer_config.json``).
 
-        Only SmolLM2's kind is supported: byte-level BPE with digits split
-        individually; anything else raises ``ValueError`` rather than encode wrongly.
+        Byte-level BPE with any pre-tokeniser of :mod:`.pretokenizers` in the
+        layout :meth:`save_hf` writes (``Split`` by each pattern, then
+        ``ByteLevel``; SmolLM2's ``Digits`` + ``ByteLevel``), and SentencePiece
+        as Hugging Face converts it (BPE with ``▁`` and byte fallback). Anything
+        else raises ``ValueError`` rather than encode wrongly.
         """
-        directory = Path(directory)
-        path = directory / "tokenizer.json"
-        if not path.exists():
-            raise FileNotFoundError(f"{directory} has no tokenizer.json")
-        data = _read_json_object(path)
-        model = data.get("model") or {}
-        if (not isinstance(model, dict) or model.get("type") != "BPE"
-                or data.get("pre_tokenizer") != cls.PRE_TOKENIZER):
-            raise ValueError(
-                f"{path}: only byte-level BPE with SmolLM2's pre-tokeniser (Digits + ByteLevel) is supported"
-            )
-        vocab: dict[str, int] = model.get("vocab")
-        entries = data.get("added_tokens", [])
-        if (not isinstance(vocab, dict) or not isinstance(entries, list)
-                or not all(isinstance(t, dict) and isinstance(t.get("content"), str) for t in entries)):
-            raise ValueError(f"{path}: model.vocab must map token text to ids, and added_tokens be a list of "
-                             "{content, id} objects")
-        added = {t["content"]: (t.get("id"), t.get("special", False)) for t in entries}
-        ids = [*vocab.values(), *(i for i, _ in added.values())]
-        if not ids or not all(type(i) is int and i >= 0 for i in ids):
-            raise ValueError(f"{path}: token ids must be non-negative integers")
-        size = max(ids) + 1
-        if size > path.stat().st_size:  # a vocabulary of that size cannot be written in this file
-            raise ValueError(f"{path}: token id {size - 1:,} is larger than the file ({path.stat().st_size:,} "
-                             f"bytes) can describe a vocabulary for; the ids are damaged")
-        tokens = [""] * size
-        types = [TOKEN_UNUSED] * size
-        for text, i in vocab.items():
-            tokens[i], types[i] = text, TOKEN_NORMAL
-        for text, (i, special) in added.items():
-            tokens[i], types[i] = text, TOKEN_CONTROL if special else TOKEN_USER_DEFINED
-        merges = [m if isinstance(m, str) else " ".join(m) for m in model.get("merges", [])]
-        cfg_path = directory / "tokenizer_config.json"
-        cfg = _read_json_object(cfg_path) if cfg_path.exists() else {}
+        from .hf_files import read_hf_dir
 
-        def special_id(key: str) -> int | None:
-            value = cfg.get(key)
-            content = value.get("content") if isinstance(value, dict) else value
-            return added.get(content, (vocab.get(content), False))[0] if content else None
-
-        return cls(
-            tokens, merges, types,
-            bos_token_id=special_id("bos_token"), eos_token_id=special_id("eos_token"),
-            chat_template=cfg.get("chat_template"), add_bos=bool(cfg.get("add_bos_token", False)),
-        )
+        return cls(**read_hf_dir(Path(directory)))
 
     def save_hf(self, directory: str | os.PathLike[str]) -> None:
         """Write ``tokenizer.json`` and ``tokenizer_config.json`` that Hugging Face ``tokenizers``
         (and :meth:`from_hf_dir`) read as this tokenizer."""
-        directory = Path(directory)
-        special = {t: i for t, i in self.special_tokens.items()}
-        added = [
-            {"id": i, "content": t, "single_word": False, "lstrip": False, "rstrip": False,
-             "normalized": False, "special": self.token_types[i] == TOKEN_CONTROL}
-            for t, i in sorted(special.items(), key=lambda kv: kv[1])
-        ]
-        merges = [[a, b] for (a, b), _ in sorted(self.ranks.items(), key=lambda kv: kv[1])]
-        data = {
-            "version": "1.0", "truncation": None, "padding": None, "added_tokens": added,
-            "normalizer": None, "pre_tokenizer": self.PRE_TOKENIZER, "post_processor": None,
-            "decoder": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True},
-            "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
-                      "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False,
-                      "ignore_merges": False, "vocab": dict(self.vocab),
-                      "merges": merges},
-        }
-        (directory / "tokenizer.json").write_text(json.dumps(data, ensure_ascii=False), encoding="utf-8")
-        config = {
-            "tokenizer_class": "GPT2Tokenizer",
-            "bos_token": self.tokens[self.bos_token_id] if self.bos_token_id is not None else None,
-            "eos_token": self.tokens[self.eos_token_id] if self.eos_token_id is not None else None,
-            "add_bos_token": self.add_bos,
-            "chat_template": self.chat_template,
-        }
-        (directory / "tokenizer_config.json").write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n")
+        from .hf_files import write_hf_dir
+
+        write_hf_dir(self, Path(directory))
 
     # -- encoding ------------------------------------------------------------
 
@@ -228,33 +240,49 @@ class Tokenizer:
     def vocab_size(self) -> int:
         return len(self.tokens)
 
-    def encode(self, text: str, allow_special: bool = True) -> list[int]:
-        """Text -> token ids.
+    def encode(self, text: str, allow_special: bool = True, *, add_bos: bool = False) -> list[int]:
+        """Text -> token ids; BOS first only with ``add_bos=True`` (see :meth:`encode_prompt`).
 
         With ``allow_special`` (the default, right for chat prompts) special
         tokens written in the text, like ``<|im_start|>``, become their ids;
         without it they are encoded as plain text — use that for untrusted
-        user input, so nobody can inject a turn boundary.
+        user input, so nobody can inject a turn boundary. (User-defined tokens,
+        which control nothing, are matched either way, as in llama.cpp and
+        Hugging Face.) ``encode(text, allow_special=False)`` equals llama.cpp's
+        ``tokenize(text, add_special=False, parse_special=False)``.
         """
         if not isinstance(text, str):
             raise TypeError(f"encode() takes a str, got {type(text).__name__}")
-        ids = self._bos()
-        if allow_special and self._special_split is not None:
-            for i, piece in enumerate(self._special_split.split(text)):
-                if i % 2:  # the split's captured separators: the special tokens
-                    ids.append(self.special_tokens[piece])
-                elif piece:
-                    ids.extend(self._encode_plain(piece))
-        else:
-            ids.extend(self._encode_plain(text))
+        ids = self.bos_ids(add_bos)
+        for piece in self.split_special(text, allow_special):
+            if isinstance(piece, int):
+                ids.append(piece)
+            else:
+                ids.extend(self._encode_plain(piece))
         return ids
 
+    def encode_prompt(self, text: str, allow_special: bool = False) -> list[int]:
+        """A raw text prompt -> ids, by the model's BOS rule: BOS first if :attr:`add_bos`
+        (Llama 2/3, Phi-3: yes; SmolLM2, Qwen2: no). What ``generate`` does with text."""
+        return self.encode(text, allow_special, add_bos=self.add_bos)
+
+    def bos_ids(self, add_bos: bool) -> list[int]:
+        """``[bos_token_id]`` if ``add_bos`` and the vocabulary has one, else ``[]``."""
+        return [self.bos_token_id] if add_bos and self.bos_token_id is not None else []
+
     def _bos(self) -> list[int]:
-        return [self.bos_token_id] if self.add_bos and self.bos_token_id is not None else []
+        """The model's BOS rule for a raw prompt (``bos_ids(self.add_bos)``)."""
+        return self.bos_ids(self.add_bos)
+
+    def split_special(self, text: str, allow_special: bool = True) -> list[str | int]:
+        """``text`` -> ordinary text runs (``str``) and special token ids (``int``), as
+        :meth:`encode` sees it (see :mod:`.special`)."""
+        return self.specials.split(text, allow_special)
 
     def _encode_plain(self, text: str) -> list[int]:
+        """One run of ordinary text (at the start or after a special token) -> ids."""
         try:
-            return encode_ordinary(text, self.vocab, self.ranks, self._cache)
+            return self.model.encode(text)
         except UnicodeEncodeError as e:
             bad = e.object[e.start]
             raise ValueError(
@@ -268,31 +296,33 @@ class Tokenizer:
     def max_token_bytes(self) -> int:
         """The most text bytes one token can stand for (SmolLM2: 81, a run of spaces after a newline).
 
-        A normal token covers one input byte per stand-in character; a special
-        token, its text in UTF-8.
+        A normal token covers the bytes it decodes to (BPE: one per stand-in
+        character; SentencePiece: ``▁`` is one space); a special token, its text in UTF-8.
         """
         return max(
-            (len(t.encode("utf-8")) if ty in SPECIAL_TYPES else len(t) for t, ty in zip(self.tokens, self.token_types)),
+            (len(t.encode("utf-8")) if ty in SPECIAL_TYPES else self.model.text_bytes(i)
+             for i, (t, ty) in enumerate(zip(self.tokens, self.token_types))),
             default=0,
         )
 
     @cached_property
     def _dropped_bytes(self) -> bytes | None:
-        """The byte values encoding drops (no stand-in in the vocabulary), or ``None``
-        if encoding can drop more than those (a merge makes a piece the vocabulary lacks)."""
-        if any(a + b not in self.vocab for a, b in self.ranks):
-            return None
-        table = bytes_to_unicode()
-        return bytes(b for b in range(256) if table[b] not in self.vocab)
+        """The byte values encoding may drop (they cost no token), or ``None`` if encoding can
+        drop more than those. Whitespace beside a special token that strips it costs nothing too."""
+        dropped = self.model.dropped_bytes()
+        if dropped is not None and (self.specials.rstrip or self.specials.lstrip):
+            dropped = bytes(sorted(set(dropped) | set(C_WHITESPACE.encode())))
+        return dropped
 
     def min_token_count(self, text: str) -> int:
-        """A lower bound on ``len(self.encode(text))``, in O(len(text)) without encoding.
+        """A lower bound on ``len(self.encode_prompt(text))``, in O(len(text)) without encoding.
 
         Every token stands for at most :attr:`max_token_bytes` bytes of the
-        text, and the tokens' bytes add up to the text's (less any byte the
-        vocabulary has no token for, which encoding drops), so at least
-        ``ceil(bytes / max_token_bytes)`` tokens are needed — plus the BOS token
-        where one is added. The same bound holds with ``allow_special=False``.
+        text, and the tokens' bytes add up to at least the text's (less any byte
+        the vocabulary has no token for, which encoding drops, and whitespace a
+        stripping special token swallows), so at least ``ceil(bytes /
+        max_token_bytes)`` tokens are needed — plus the BOS token where the
+        model adds one. The same bound holds with ``allow_special=False``.
         A front door can refuse text whose bound already exceeds the context
         before spending time on encoding it. For English prose the bound is
         about a sixteenth of the real count; it is a guard, not an estimate.
@@ -311,12 +341,12 @@ class Tokenizer:
 
     @property
     def stop_token_ids(self) -> tuple[int, ...]:
-        """The ids that end a turn in this vocabulary: ``eos_token_id`` (if set), then
-        whichever of ``<|im_end|>``, ``<|endoftext|>``, ``<|eot_id|>`` are special
-        tokens here; in that order, without repeats. SmolLM2: ``(2, 0)``."""
-        ids = [self.eos_token_id] if self.eos_token_id is not None else []
-        ids += [self.special_tokens[t] for t in END_OF_TURN_TOKENS if t in self.special_tokens]
-        return tuple(dict.fromkeys(ids))
+        """The ids that end generation: ``eos_token_id``, ``eot_token_id``, ``eom_token_id`` (those
+        set), then every text of llama.cpp's end-of-generation list (``<|eot_id|>``, ``<|im_end|>``,
+        ``<|end|>``, ``<end_of_turn>``, ``<|endoftext|>``, ``</s>``, ``<|eom_id|>``,
+        ``<|end_of_text|>``, ``<eos>``, ...; :data:`.special.END_OF_GENERATION`) this vocabulary
+        has; in that order, without repeats. SmolLM2: ``(2, 0)``."""
+        return end_of_generation_ids(self.vocab, (self.eos_token_id, self.eot_token_id, self.eom_token_id))
 
     # -- decoding ------------------------------------------------------------
 
@@ -329,36 +359,47 @@ class Tokenizer:
         return self.token_types[token_id] in SPECIAL_TYPES
 
     def token_bytes(self, token_id: int) -> bytes:
-        """The bytes one token stands for (a special token: its text in UTF-8)."""
+        """The bytes one token stands for (a special token: its text in UTF-8; SentencePiece's
+        ``▁`` is a space, ``<0xXX>`` one byte)."""
         cached = self._bytes_cache.get(token_id)
         if cached is not None:
             return cached
         self._check_id(token_id)
-        text = self.tokens[token_id]
         if self.token_types[token_id] in SPECIAL_TYPES:
-            data = text.encode("utf-8")
+            data = self.tokens[token_id].encode("utf-8")
         else:
-            data = decode_chars(text)
+            data = self.model.piece_bytes(token_id)
         self._bytes_cache[token_id] = data
         return data
 
     def decode_bytes(self, ids: Sequence[int], skip_special: bool = False) -> bytes:
-        return b"".join(
+        """The tokens' bytes, joined; the space SentencePiece writes before a text is taken
+        off again at the start (llama.cpp's ``detokenize`` does the same)."""
+        data = b"".join(
             self.token_bytes(int(i)) for i in ids if not (skip_special and self.is_special(int(i)))
         )
+        if self.model.leading_space and data.startswith(b" "):
+            data = data[1:]
+        return data
 
     def decode(self, ids: Sequence[int], skip_special: bool = False) -> str:
         """Token ids -> text. Bytes that are not valid UTF-8 become U+FFFD."""
         return self.decode_bytes(ids, skip_special).decode("utf-8", errors="replace")
 
     def piece(self, token_id: int) -> str:
-        """A token as it is stored in the vocabulary (``"Ġthe"``), for display."""
+        """A token as it is stored in the vocabulary (``"Ġthe"``, ``"▁the"``), for display."""
         self._check_id(token_id)
         return self.tokens[token_id]
 
-    def stream_decoder(self, skip_special: bool = False) -> StreamDecoder:
-        """A :class:`StreamDecoder` for printing tokens as they are generated."""
-        return StreamDecoder(self, skip_special=skip_special)
+    def stream_decoder(self, skip_special: bool = False, *, at_start: bool = False) -> StreamDecoder:
+        """A :class:`StreamDecoder` for printing tokens as they are generated.
+
+        ``at_start``: the tokens begin a text (as :meth:`decode` assumes), so the
+        space SentencePiece writes before a text is dropped; generated tokens
+        continue a prompt, where that space is real (the default).
+        """
+        return StreamDecoder(self, skip_special=skip_special,
+                             drop_leading_space=at_start and self.model.leading_space)
 
     # -- chat ----------------------------------------------------------------
 
@@ -451,15 +492,13 @@ class Tokenizer:
         ids = self._bos()
         run: list[str] = []  # ordinary text waiting to be encoded in one piece
         for k, text in enumerate(texts):
-            if k % 2 or self._special_split is None:
-                run.append(text)
-                continue
-            for i, piece in enumerate(self._special_split.split(text)):
-                if i % 2:
+            # message strings (odd k) are text: only user-defined tokens, which control nothing, are matched
+            for piece in self.split_special(text, allow_special=not k % 2):
+                if isinstance(piece, int):
                     if run:
                         ids.extend(self._encode_plain("".join(run)))
                         run.clear()
-                    ids.append(self.special_tokens[piece])
+                    ids.append(piece)
                 else:
                     run.append(piece)
         if run:
@@ -468,15 +507,15 @@ class Tokenizer:
 
     def _encode_rendering_checked(self, real: str, layout: str) -> list[int]:
         """``encode(real)``, if it finds the same special tokens as the layout alone; else ``ValueError``."""
-        found = self._special_split.findall(real) if self._special_split is not None else []
-        expected = self._special_split.findall(layout) if self._special_split is not None else []
+        found = [p for p in self.split_special(real) if isinstance(p, int)]
+        expected = [p for p in self.split_special(layout) if isinstance(p, int)]
         if found != expected:
             raise ValueError(
                 "the chat template does not insert message text verbatim, and with these messages the "
                 "prompt holds other special tokens than the template's own, so message text could become "
                 "control tokens; remove special-token text (e.g. '<|im_end|>') from the messages"
             )
-        return self.encode(real, allow_special=True)
+        return self._bos() + self.encode(real, allow_special=True)
 
     def count_chat_tokens(
         self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True
@@ -485,4 +524,6 @@ class Tokenizer:
         return len(self.encode_chat(messages, add_generation_prompt))
 
     def __repr__(self) -> str:
-        return f"Tokenizer(vocab_size={self.vocab_size}, merges={len(self.ranks)}, special={len(self.special_tokens)})"
+        pre = f", pre={self.pre.name!r}" if self.pre is not None else ""
+        return (f"Tokenizer(kind={self.kind!r}{pre}, vocab_size={self.vocab_size}, merges={len(self.ranks)}, "
+                f"special={len(self.special_tokens)})")
