@@ -35,6 +35,7 @@ from .fetch import FetchError, default_model_path, fetch_model, verify_model
 from .files import atomic_write
 from .formats.gguf import GGUFError
 from .loader import load
+from .tokenizer.load import load_tokenizer
 from .validation import check_int, check_max_tokens
 
 
@@ -101,7 +102,8 @@ def cmd_info(args: argparse.Namespace) -> int:
 
 
 def cmd_tokenize(args: argparse.Namespace) -> int:
-    tok = load(args.model).tokenizer
+    # the tokenizer alone: a vocab-only GGUF works, and a model's weights are never read
+    tok = load_tokenizer(args.model if args.model else fetch_model())
     text = sys.stdin.read() if args.text == "-" else args.text
     ids = tok.encode(text, allow_special=not args.no_special)
     pieces = [tok.piece(i) for i in ids]
@@ -538,7 +540,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("tokenize", help="show the token ids and pieces of a text")
     p.add_argument("text", help="the text to tokenize ('-' reads standard input)")
-    p.add_argument("--model", help="a GGUF file (default: SmolLM2)")
+    p.add_argument("--model", help="a GGUF file (a vocab-only one too) or a Hugging Face directory (default: SmolLM2)")
     p.add_argument("--json", action="store_true", help="print {ids, pieces, n_tokens} as JSON")
     p.add_argument(
         "--no-special", action="store_true", help="treat special tokens like <|im_start|> as plain text"
