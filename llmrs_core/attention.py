@@ -11,7 +11,31 @@ cached decoding (``Tq == 1``) need: query ``i`` may see keys ``0 .. q_offset + i
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
+
+
+@dataclass(frozen=True)
+class AttentionOptions:
+    """What a model family changes in attention (appendix B); every field 0 is Llama's.
+
+    ``window``: sliding-window attention: a query at position ``p`` sees keys ``p - window + 1
+    .. p`` (Gemma's local layers). ``softcap``: scores ``s`` become ``softcap * tanh(s / softcap)``
+    after scaling (Gemma 2). ``scale``: the factor of ``q . k`` instead of ``1 / sqrt(D)``.
+    """
+
+    window: int = 0
+    softcap: float = 0.0
+    scale: float = 0.0
+
+    @property
+    def plain(self) -> bool:
+        """Llama's attention: no option set."""
+        return self == PLAIN
+
+
+PLAIN = AttentionOptions()
 
 
 def softmax(x: np.ndarray, axis: int = -1) -> np.ndarray:
@@ -26,9 +50,11 @@ def softmax(x: np.ndarray, axis: int = -1) -> np.ndarray:
     return e / np.where(s == 0, 1.0, s)
 
 
-def causal_mask(tq: int, tk: int) -> np.ndarray:
-    """``[tq, tk]`` boolean, True where query ``i`` may attend key ``j``: ``j <= (tk - tq) + i``."""
-    return np.arange(tk)[None, :] <= (tk - tq) + np.arange(tq)[:, None]
+def causal_mask(tq: int, tk: int, window: int = 0) -> np.ndarray:
+    """``[tq, tk]`` boolean, True where query ``i`` may attend key ``j``: ``j <= (tk - tq) + i``,
+    and with a sliding ``window`` > 0 also ``(tk - tq) + i - j < window``."""
+    distance = (tk - tq) + np.arange(tq)[:, None] - np.arange(tk)[None, :]
+    return (distance >= 0) & (distance < window) if window > 0 else distance >= 0
 
 
 def _check_shapes(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> int:
@@ -44,17 +70,24 @@ def _check_shapes(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> int:
 
 
 def scaled_dot_product_attention(
-    q: np.ndarray, k: np.ndarray, v: np.ndarray, causal: bool = True
+    q: np.ndarray, k: np.ndarray, v: np.ndarray, causal: bool = True, options: AttentionOptions = PLAIN
 ) -> np.ndarray:
-    """``softmax(q k^T / sqrt(D) + mask) v`` per head, with GQA. Returns ``[Tq, Hq, D]``."""
+    """``softmax(q k^T / sqrt(D) + mask) v`` per head, with GQA. Returns ``[Tq, Hq, D]``.
+    ``options``: a family's window, soft-cap and scale (:class:`AttentionOptions`)."""
     group = _check_shapes(q, k, v)
     tq, hq, d = q.shape
     tk, hkv, _ = k.shape
     # [Hkv, group, Tq, D] @ [Hkv, 1, D, Tk]: each KV head serves its group of query heads
     qg = q.reshape(tq, hkv, group, d).transpose(1, 2, 0, 3)
-    scores = qg @ k.transpose(1, 2, 0)[:, None] / np.sqrt(d).astype(q.dtype)
+    if options.scale:
+        scores = qg @ k.transpose(1, 2, 0)[:, None] * np.float32(options.scale)
+    else:
+        scores = qg @ k.transpose(1, 2, 0)[:, None] / np.sqrt(d).astype(q.dtype)
+    if options.softcap:
+        cap = np.float32(options.softcap)
+        scores = cap * np.tanh(scores / cap)
     if causal:
-        scores = np.where(causal_mask(tq, tk), scores, -np.inf)
+        scores = np.where(causal_mask(tq, tk, options.window), scores, -np.inf)
     out = softmax(scores) @ v.transpose(1, 0, 2)[:, None]  # [Hkv, group, Tq, D]
     return out.transpose(2, 0, 1, 3).reshape(tq, hq, d).astype(q.dtype, copy=False)
 

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from .families import FAMILIES, HF_MODEL_TYPES, Family, family
 from .formats.ggml_types import GGMLType, type_by_name, type_traits
 
 if TYPE_CHECKING:
@@ -39,17 +40,27 @@ class ConfigError(ValueError):
     """A model configuration is missing a value or is impossible. The message says which."""
 
 
-#: architectures whose math the engine implements (``general.architecture`` / ``model_type``)
-SUPPORTED_ARCHITECTURES = ("llama",)
+#: architectures whose math the engine implements (``general.architecture``; see ``families``)
+SUPPORTED_ARCHITECTURES = tuple(FAMILIES)
 
 
 def check_architecture(arch: Any, source: object) -> None:
     """Refuse a model whose architecture the engine does not implement, before reading the
-    architecture's own keys: a Gemma file must not run with Llama math, silently."""
+    architecture's own keys: a Falcon file must not run with Llama math, silently."""
     if arch not in SUPPORTED_ARCHITECTURES:
         raise ConfigError(
             f"{source}: architecture {arch!r} is not supported (supported: {', '.join(SUPPORTED_ARCHITECTURES)})"
         )
+
+
+def check_hf_model_type(model_type: Any, source: object) -> str:
+    """The GGUF architecture of a Hugging Face ``model_type`` (``mistral`` -> ``llama``);
+    ``ConfigError`` naming it and the supported ones otherwise."""
+    if model_type not in HF_MODEL_TYPES:
+        raise ConfigError(
+            f"{source}: model_type {model_type!r} is not supported (supported: {', '.join(HF_MODEL_TYPES)})"
+        )
+    return HF_MODEL_TYPES[model_type]
 
 
 # bytes per cached K or V element, by cache dtype
@@ -142,7 +153,26 @@ class ModelConfig:
         rope_theta: base of the rotary position embedding frequencies.
         rms_norm_eps: epsilon added inside RMSNorm's square root.
         tie_embeddings: the output head reuses the token embedding matrix.
-        architecture: model family, as GGUF's ``general.architecture`` names it.
+        architecture: model family, as GGUF's ``general.architecture`` names it
+            (:mod:`llmrs_core.families`: the switches it turns on).
+
+    The fields below are the numbers a family's file may set; their defaults are Llama's
+    (SmolLM2 has every one at its default):
+
+        qkv_bias: W_q, W_k and W_v have biases (``attn_{q,k,v}.bias``).
+        rotary_dim: dimensions of each head that RoPE rotates; 0 means all of ``head_dim``
+            (Phi-4-mini rotates 3/4; the rest pass through).
+        rope_scale: linear RoPE scaling: positions are divided by it.
+        rope_original_context: longrope (Phi-3): sequences up to this length use the short
+            frequency factors, longer ones the long factors; 0 when the file has none.
+        rope_attn_factor: longrope's multiplier of cos and sin.
+        rope_theta_swa: the RoPE base of sliding-window layers (Gemma 3's local base).
+        sliding_window: keys further back than this many positions are hidden, in the
+            layers listed in ``swa_layers``; 0 when no layer slides.
+        swa_layers: indices of the sliding-window layers.
+        attn_softcap: attention scores become ``c * tanh(s / c)`` (Gemma 2); 0 is off.
+        final_softcap: the same for the output logits (Gemma 2, some Gemma 3); 0 is off.
+        attn_scale: the factor of q.k; 0 means ``1 / sqrt(head_dim)``.
     """
 
     vocab_size: int
@@ -157,6 +187,27 @@ class ModelConfig:
     rms_norm_eps: float
     tie_embeddings: bool
     architecture: str = "llama"
+    qkv_bias: bool = False
+    rotary_dim: int = 0
+    rope_scale: float = 1.0
+    rope_original_context: int = 0
+    rope_attn_factor: float = 1.0
+    rope_theta_swa: float = 0.0
+    sliding_window: int = 0
+    swa_layers: tuple[int, ...] = ()
+    attn_softcap: float = 0.0
+    final_softcap: float = 0.0
+    attn_scale: float = 0.0
+
+    @property
+    def family(self) -> Family:
+        """The switches of this config's architecture (:mod:`llmrs_core.families`)."""
+        return family(self.architecture)
+
+    @property
+    def rope_dims(self) -> int:
+        """How many dimensions of each head RoPE rotates (``rotary_dim``, or all of them)."""
+        return self.rotary_dim or self.head_dim
 
     # -- constructors ------------------------------------------------------
 
@@ -212,19 +263,31 @@ class ModelConfig:
                 f"{gguf.path}: cannot tell the vocabulary size (no {arch}.vocab_size, "
                 "no tokenizer.ggml.tokens, no token_embd.weight)"
             )
+        n_layers = need_int(f"{arch}.block_count")
+        head_dim = opt_int(f"{arch}.attention.key_length", hidden // n_heads)
+        rope_theta = _f32(need_float(f"{arch}.rope.freq_base", 10000.0))
+        context = need_int(f"{arch}.context_length")
+        extra = {}
+        if arch in FAMILIES:  # another architecture's config is still readable (check_architecture refuses it)
+            from .family_config import gguf_family_fields
+
+            extra = gguf_family_fields(md, gguf.tensors, family(arch), n_layers=n_layers, hidden=hidden,
+                                       n_heads=n_heads, head_dim=head_dim, rope_theta=rope_theta,
+                                       context=context, source=gguf.path)
         config = cls(
             vocab_size=int(vocab),
             hidden_size=int(hidden),
             intermediate_size=need_int(f"{arch}.feed_forward_length"),
-            n_layers=need_int(f"{arch}.block_count"),
+            n_layers=n_layers,
             n_heads=int(n_heads),
             n_kv_heads=opt_int(f"{arch}.attention.head_count_kv", n_heads),
-            head_dim=opt_int(f"{arch}.attention.key_length", hidden // n_heads),
-            context_length=need_int(f"{arch}.context_length"),
-            rope_theta=_f32(need_float(f"{arch}.rope.freq_base", 10000.0)),
+            head_dim=head_dim,
+            context_length=context,
+            rope_theta=rope_theta,
             rms_norm_eps=_f32(need_float(f"{arch}.attention.layer_norm_rms_epsilon")),
             tie_embeddings="output.weight" not in gguf.tensors,
             architecture=str(arch),
+            **extra,
         )
         config.validate()
         return config
@@ -267,19 +330,31 @@ class ModelConfig:
             )
         else:
             head_dim = hidden // n_heads
+        model_type = config.get("model_type", "llama")
+        arch = HF_MODEL_TYPES.get(model_type, model_type)
+        n_layers = need_int("num_hidden_layers")
+        context = opt_int("max_position_embeddings", 2048)
+        rope_theta = _f32(_hf_rope_theta(config))
+        extra = {}
+        if arch in FAMILIES:
+            from .family_config import hf_family_fields
+
+            extra = hf_family_fields(config, family(arch), n_layers=n_layers, hidden=hidden, n_heads=n_heads,
+                                     head_dim=head_dim, rope_theta=rope_theta, context=context)
         result = cls(
             vocab_size=need_int("vocab_size"),
             hidden_size=hidden,
             intermediate_size=need_int("intermediate_size"),
-            n_layers=need_int("num_hidden_layers"),
+            n_layers=n_layers,
             n_heads=n_heads,
             n_kv_heads=opt_int("num_key_value_heads", n_heads) or n_heads,
             head_dim=head_dim,
-            context_length=opt_int("max_position_embeddings", 2048),
-            rope_theta=_f32(_hf_rope_theta(config)),
+            context_length=context,
+            rope_theta=rope_theta,
             rms_norm_eps=_f32(opt_float("rms_norm_eps", 1e-6)),
             tie_embeddings=bool(config.get("tie_word_embeddings", False)),
-            architecture=str(config.get("model_type", "llama")),
+            architecture=str(arch),
+            **extra,
         )
         result.validate()
         return result
@@ -299,7 +374,9 @@ class ModelConfig:
             raise ConfigError(
                 f"hidden_size {self.hidden_size} is not divisible by n_heads {self.n_heads}"
             )
-        if self.n_heads * self.head_dim != self.hidden_size:
+        # Llama's heads split the model width; Qwen3's and Gemma's project to a width of their own
+        free = self.architecture in FAMILIES and self.family.free_head_dim
+        if self.n_heads * self.head_dim != self.hidden_size and not free:
             raise ConfigError(
                 f"n_heads * head_dim = {self.n_heads} * {self.head_dim} = "
                 f"{self.n_heads * self.head_dim}, but hidden_size is {self.hidden_size}"
@@ -315,6 +392,25 @@ class ModelConfig:
             raise ConfigError(f"rope_theta must be a positive number, got {self.rope_theta!r}")
         if not 0 < self.rms_norm_eps < 1:
             raise ConfigError(f"rms_norm_eps must be in (0, 1), got {self.rms_norm_eps!r}")
+        self._validate_family_fields()
+
+    def _validate_family_fields(self) -> None:
+        """The family fields (see the class docstring) are within what the forward pass can run."""
+        if not (0 <= self.rotary_dim <= self.head_dim and self.rotary_dim % 2 == 0):
+            raise ConfigError(f"rotary_dim must be an even number of at most head_dim ({self.head_dim}), "
+                              f"got {self.rotary_dim!r}")
+        for name in ("rope_scale", "rope_attn_factor"):
+            value = getattr(self, name)
+            if not (value > 0 and np.isfinite(value)):
+                raise ConfigError(f"{name} must be a positive number, got {value!r}")
+        for name in ("rope_theta_swa", "attn_softcap", "final_softcap", "attn_scale"):
+            value = getattr(self, name)
+            if not (value >= 0 and np.isfinite(value)):
+                raise ConfigError(f"{name} must be a non-negative number (0: off), got {value!r}")
+        if self.sliding_window < 0 or self.rope_original_context < 0:
+            raise ConfigError("sliding_window and rope_original_context must be >= 0")
+        if any(not 0 <= i < self.n_layers for i in self.swa_layers):
+            raise ConfigError(f"swa_layers must be layer indices below {self.n_layers}, got {self.swa_layers!r:.80}")
 
     # -- sizes ---------------------------------------------------------------
 

@@ -34,6 +34,18 @@ def swiglu(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
     return silu(gate) * up
 
 
+def gelu_tanh(x: np.ndarray) -> np.ndarray:
+    """GELU, tanh approximation (Gemma's ``gelu_pytorch_tanh``):
+    ``0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))``."""
+    c = np.float32(np.sqrt(2.0 / np.pi))
+    return np.float32(0.5) * x * (np.float32(1.0) + np.tanh(c * (x + np.float32(0.044715) * x * x * x)))
+
+
+def geglu(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
+    """Gemma's gated activation (appendix B): ``gelu_tanh(gate) * up``."""
+    return gelu_tanh(gate) * up
+
+
 def mlp(x: np.ndarray, w_gate: np.ndarray, w_up: np.ndarray, w_down: np.ndarray) -> np.ndarray:
     """SwiGLU MLP: ``W_down (silu(W_gate x) * W_up x)``; ``[T, d] -> [T, d]``."""
     return linear(swiglu(linear(x, w_gate), linear(x, w_up)), w_down)

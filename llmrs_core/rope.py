@@ -18,6 +18,8 @@ Shapes: ``x`` is ``[T, H, D]`` (tokens, heads, head_dim); ``positions`` is ``[T]
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import numpy as np
 
 
@@ -74,3 +76,62 @@ def unpermute_from_interleaved(w: np.ndarray, n_heads: int) -> np.ndarray:
     rows, cols = w.shape
     d = rows // n_heads
     return w.reshape(n_heads, d // 2, 2, cols).swapaxes(1, 2).reshape(rows, cols)
+
+
+# -- the families' RoPE (appendix B) ---------------------------------------------
+
+
+def angles_from_frequencies(positions: np.ndarray, freqs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``cos, sin [T, len(freqs)]`` float32 of ``position * freqs``, formed in float64."""
+    angles = np.outer(np.asarray(positions, dtype=np.float64), freqs)
+    return np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
+
+
+def apply_rope_frequencies(x: np.ndarray, positions: np.ndarray, freqs: np.ndarray, layout: str) -> np.ndarray:
+    """Rotate ``x [T, H, 2 * len(freqs)]`` by ``position * freqs`` in ``layout`` ("interleaved" or
+    "half"): :func:`apply_rope_interleaved` / :func:`apply_rope_half` with frequencies of any origin."""
+    cos, sin = angles_from_frequencies(positions, freqs)
+    cos, sin = cos[:, None, :], sin[:, None, :]
+    if layout == "interleaved":
+        even, odd = x[..., 0::2], x[..., 1::2]
+        out = np.empty_like(x)
+        out[..., 0::2] = even * cos - odd * sin
+        out[..., 1::2] = even * sin + odd * cos
+        return out
+    half = x.shape[-1] // 2
+    first, second = x[..., :half], x[..., half:]
+    return np.concatenate([first * cos - second * sin, first * sin + second * cos], axis=-1)
+
+
+@dataclass(frozen=True, eq=False)
+class Rotary:
+    """One layer's RoPE: which dimensions turn, and how fast (the families' variants).
+
+    ``dims``: the first ``dims`` of each head rotate; the rest pass through (partial rotary,
+    Phi-4-mini). Pair ``i`` turns at ``theta ** (-2i / dims) / (scale * factors[i])``:
+    ``scale`` is linear scaling, ``factors`` ``[dims / 2]`` Llama 3's ``rope_freqs`` or
+    Phi-3's longrope factors (None: all ones). ``mscale`` multiplies cos and sin (longrope's
+    attention factor). ``long``: longrope's rotary for sequences longer than ``original``
+    positions (None: one rotary for every length). Llama's RoPE is ``Rotary(theta, head_dim)``,
+    which :attr:`plain` says, and which the backends' chapter-3 ``rope(x, positions, theta)`` runs.
+    """
+
+    theta: float
+    dims: int
+    scale: float = 1.0
+    factors: np.ndarray | None = None
+    mscale: float = 1.0
+    long: Rotary | None = None
+    original: int = 0
+    freqs: np.ndarray = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        freqs = rope_frequencies(self.dims, self.theta) / self.scale
+        if self.factors is not None:
+            freqs = freqs / np.asarray(self.factors, dtype=np.float64)
+        object.__setattr__(self, "freqs", freqs)
+
+    @property
+    def plain(self) -> bool:
+        """No scaling, no factors, no multiplier: the chapter-3 RoPE of base ``theta``."""
+        return self.scale == 1.0 and self.factors is None and self.mscale == 1.0 and self.long is None

@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from .attention import PLAIN, AttentionOptions
 from .backends.base import Backend, EngineParts
 from .sampling import SamplingParams
 
@@ -128,8 +129,18 @@ class FaultyBackend(Backend):
     def rope(self, x: np.ndarray, positions: np.ndarray, theta: float) -> np.ndarray:
         return self.inner.rope(x, positions, theta)
 
-    def attention(self, q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
-        return self.inner.attention(q, k, v)
+    def rope_frequencies(self, x: np.ndarray, positions: np.ndarray, freqs: np.ndarray) -> np.ndarray:
+        return self.inner.rope_frequencies(x, positions, freqs)
+
+    def geglu(self, gate: np.ndarray, up: np.ndarray) -> np.ndarray:
+        return self.inner.geglu(gate, up)
+
+    def attention(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, options: AttentionOptions = PLAIN) -> np.ndarray:
+        return self.inner.attention(q, k, v, options)
+
+    def paged_decode_attention(self, q: Any, k_pool: Any, v_pool: Any, tables: np.ndarray, lengths: np.ndarray,
+                               options: AttentionOptions = PLAIN) -> Any:
+        return self.inner.paged_decode_attention(q, k_pool, v_pool, tables, lengths, options)
 
     def sampler(self, params: SamplingParams) -> Callable[..., int]:
         return self.inner.sampler(params)

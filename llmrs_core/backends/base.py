@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ..attention import PLAIN, AttentionOptions
 from ..sampling import Sampler, SamplingParams
 
 if TYPE_CHECKING:
@@ -126,16 +127,31 @@ class Backend(ABC):
     @abstractmethod
     def swiglu(self, gate: np.ndarray, up: np.ndarray) -> np.ndarray: ...
 
+    def geglu(self, gate: np.ndarray, up: np.ndarray) -> np.ndarray:
+        """Gemma's gated activation: ``gelu_tanh(gate) * up`` (appendix B)."""
+        from .. import layers
+
+        return layers.geglu(gate, up)
+
     @abstractmethod
     def rope(self, x: np.ndarray, positions: np.ndarray, theta: float) -> np.ndarray:
         """Rotary embedding of ``x [T, H, D]`` in the :attr:`rope_layout` convention."""
 
+    def rope_frequencies(self, x: np.ndarray, positions: np.ndarray, freqs: np.ndarray) -> np.ndarray:
+        """Rotary embedding of ``x [T, H, 2 * len(freqs)]`` at the angular frequencies ``freqs``
+        (a family's scaled RoPE: :class:`~llmrs_core.rope.Rotary`), in the :attr:`rope_layout`."""
+        from ..rope import apply_rope_frequencies
+
+        return apply_rope_frequencies(x, positions, freqs, self.rope_layout)
+
     @abstractmethod
-    def attention(self, q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
-        """Causal GQA attention; queries are the last ``Tq`` of the ``Tk`` positions."""
+    def attention(self, q: np.ndarray, k: np.ndarray, v: np.ndarray,
+                  options: AttentionOptions = PLAIN) -> np.ndarray:
+        """Causal GQA attention; queries are the last ``Tq`` of the ``Tk`` positions. ``options``:
+        a family's sliding window, soft-cap and scale (:class:`~llmrs_core.attention.AttentionOptions`)."""
 
     def paged_decode_attention(self, q: Any, k_pool: Any, v_pool: Any, tables: np.ndarray,
-                               lengths: np.ndarray) -> Any:
+                               lengths: np.ndarray, options: AttentionOptions = PLAIN) -> Any:
         """One decode token of each of ``n`` sequences stored in one layer's block pool:
         ``q [n, Hq, D]``, ``k_pool, v_pool [num_blocks, Hkv, block_size, D]``, ``tables``
         int64 ``[n, max blocks]`` (sequence ``i``'s position ``p`` is slot ``p % block_size`` of
@@ -150,7 +166,7 @@ class Backend(ABC):
         for i in range(q.shape[0]):
             positions = np.arange(int(lengths[i]))
             blocks, offsets = tables[i][positions // block_size], positions % block_size
-            outs.append(self.attention(q[i:i + 1], k_pool[blocks, :, offsets], v_pool[blocks, :, offsets]))
+            outs.append(self.attention(q[i:i + 1], k_pool[blocks, :, offsets], v_pool[blocks, :, offsets], options))
         return self.xp.concatenate(outs) if len(outs) > 1 else outs[0]
 
     def sampler(self, params: SamplingParams) -> Callable[..., int]:

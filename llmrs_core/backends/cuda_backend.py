@@ -77,6 +77,17 @@ class CudaBackend(Backend):
         self.xp = arrays.xp()
         self._scratch: Any = None  # a dequantised matrix for prefill's GEMM, reused across calls
 
+    def prepare(self, source: WeightSource) -> None:
+        """Refuse the families' extras: this backend's kernels are Llama's (chapter 9)."""
+        from ..config import ConfigError
+        from ..family_config import family_features
+
+        features = family_features(source.config, source.tensors)
+        if features:
+            raise ConfigError(f"{source.path}: the cuda backend runs the llama family without extras; this "
+                              f"{source.config.architecture} model has {', '.join(features)} (use numba or numpy)")
+        super().prepare(source)
+
     # -- weights -----------------------------------------------------------------
 
     def load_matrix(self, source: WeightSource, name: str) -> DeviceMatrix:

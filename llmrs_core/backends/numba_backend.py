@@ -51,6 +51,7 @@ import numpy as np
 from numba import njit, prange
 
 from .. import layers
+from ..attention import PLAIN, AttentionOptions, scaled_dot_product_attention
 from ..kernels.cpu import matmul as kmatmul
 from ..kernels.cpu import ops
 from ..kernels.cpu.int8 import int8_instructions, int8_rows, int8_unavailable, matmul_int8
@@ -82,6 +83,11 @@ def _embed_q4(qs, d, m, ids, out):
                 byte = qs[g, b, j, lane]
                 out[i, 32 * b + j] = d[g, b, lane] * np.float32(byte & 15) + m[g, b, lane]
                 out[i, 32 * b + 16 + j] = d[g, b, lane] * np.float32(byte >> 4) + m[g, b, lane]
+
+
+def _kernel_options(options: AttentionOptions) -> tuple[int, np.float32, np.float32]:
+    """``window, softcap, scale`` as the attention kernels take them (one type each: one compilation)."""
+    return int(options.window), np.float32(options.softcap), np.float32(options.scale)
 
 
 class NumbaBackend(Backend):
@@ -198,10 +204,14 @@ class NumbaBackend(Backend):
         key = (x.shape[-1], float(theta))
         if key not in self._freqs:
             self._freqs[key] = rope_frequencies(x.shape[-1], theta)
-        cos, sin = ops.rope_tables(np.ascontiguousarray(positions, dtype=np.int64), self._freqs[key])
+        return self.rope_frequencies(x, positions, self._freqs[key])
+
+    def rope_frequencies(self, x: np.ndarray, positions: np.ndarray, freqs: np.ndarray) -> np.ndarray:
+        cos, sin = ops.rope_tables(np.ascontiguousarray(positions, dtype=np.int64), freqs)
         return ops.rope(np.ascontiguousarray(x, dtype=np.float32), cos, sin, self.rope_layout == "interleaved")
 
-    def attention(self, q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
+    def attention(self, q: np.ndarray, k: np.ndarray, v: np.ndarray,
+                  options: AttentionOptions = PLAIN) -> np.ndarray:
         # A step whose products ran in the Numba kernels attends in the Numba kernel: every
         # step of the int8 path (its per-query routine is what makes it batch-invariant), and
         # the exact path's short steps. The exact path's long steps (a long prompt, or decode
@@ -212,17 +222,21 @@ class NumbaBackend(Backend):
             # The contiguous cache hands over transposed views ([Hkv, T, D] storage seen as
             # [T, Hkv, D]); Numba compiles a strided array without SIMD, and a copy plus the
             # vectorised kernel is faster than the kernel on the view (21 vs 34 µs at 150 tokens).
-            return ops.attention(np.ascontiguousarray(q), np.ascontiguousarray(k), np.ascontiguousarray(v))
+            return ops.attention(np.ascontiguousarray(q), np.ascontiguousarray(k), np.ascontiguousarray(v),
+                                 *_kernel_options(options))
         self.blas.set(self.threads)
         try:
+            if not options.plain:  # the families' options live in the reference and the Numba kernel
+                return scaled_dot_product_attention(q, k, v, causal=True, options=options)
             return ops.attention_prefill(q, k, v)
         finally:
             self.blas.set(1)
 
-    def paged_decode_attention(self, q, k_pool, v_pool, tables, lengths):
+    def paged_decode_attention(self, q, k_pool, v_pool, tables, lengths, options: AttentionOptions = PLAIN):
         if self._blas_step:  # no Numba parallel region between BLAS calls (see attention)
-            return super().paged_decode_attention(q, k_pool, v_pool, tables, lengths)
-        return ops.paged_decode_attention(np.ascontiguousarray(q), k_pool, v_pool, tables, lengths)
+            return super().paged_decode_attention(q, k_pool, v_pool, tables, lengths, options)
+        return ops.paged_decode_attention(np.ascontiguousarray(q), k_pool, v_pool, tables, lengths,
+                                          *_kernel_options(options))
 
     def describe(self) -> str:
         decode = (f"int8 ({int8_instructions()})" if self.int8_reason is None

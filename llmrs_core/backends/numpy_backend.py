@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from .. import attention, layers, rope
+from ..attention import PLAIN, AttentionOptions
 from .base import Backend
 
 if TYPE_CHECKING:
@@ -41,5 +42,6 @@ class NumpyBackend(Backend):
             return rope.apply_rope_half(x, positions, theta)
         return rope.apply_rope_interleaved(x, positions, theta)
 
-    def attention(self, q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
-        return attention.scaled_dot_product_attention(q, k, v, causal=True)
+    def attention(self, q: np.ndarray, k: np.ndarray, v: np.ndarray,
+                  options: AttentionOptions = PLAIN) -> np.ndarray:
+        return attention.scaled_dot_product_attention(q, k, v, causal=True, options=options)

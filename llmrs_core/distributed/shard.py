@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..config import ModelConfig
+from ..config import ConfigError, ModelConfig
+from ..family_config import family_features
 from ..formats.ggml_types import GGMLType, type_by_name, type_traits
 from ..formats.source import WeightSource
 from . import sharding
@@ -78,6 +79,10 @@ class ShardSource(WeightSource):
 
     def __init__(self, source: WeightSource, spec: ShardSpec):
         full = source.config
+        features = family_features(full, source.tensors)
+        if features:  # the shards split Llama's tensors; a family's own are not split yet
+            raise ConfigError(f"{source.path}: tensor and pipeline parallelism run the llama family without "
+                              f"extras; this {full.architecture} model has {', '.join(features)}")
         sharding.check_tp(full, spec.tp, weight_block_size(source))
         self.layers = sharding.stage_layers(full.n_layers, spec.pp, spec.pp_rank)
         self.source, self.spec = source, spec

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..config import ModelConfig, check_architecture, check_layer_count
+from ..config import ModelConfig, check_hf_model_type, check_layer_count
 from ..rope import permute_for_interleaved, unpermute_from_interleaved
 from .safetensors import SafetensorsFile, read_safetensors, write_safetensors
 from .source import WeightSource
@@ -52,6 +52,36 @@ NAME_MAP = [
     ("model.layers.{i}.mlp.up_proj.weight", "blk.{i}.ffn_up.weight"),
     ("model.layers.{i}.mlp.down_proj.weight", "blk.{i}.ffn_down.weight"),
 ]
+
+
+# where a family's Hugging Face names differ from Llama's, or add to them (llama.cpp's
+# gguf-py tensor_mapping.py). Gemma's "post_attention_layernorm" is a norm *after* attention;
+# its MLP's input norm is "pre_feedforward_layernorm".
+_BIASES = [(f"model.layers.{{i}}.self_attn.{x}_proj.bias", f"blk.{{i}}.attn_{x}.bias") for x in "qkv"]
+_QK_NORMS = [("model.layers.{i}.self_attn.q_norm.weight", "blk.{i}.attn_q_norm.weight"),
+             ("model.layers.{i}.self_attn.k_norm.weight", "blk.{i}.attn_k_norm.weight")]
+_GEMMA = [("model.layers.{i}.post_attention_layernorm.weight", "blk.{i}.post_attention_norm.weight"),
+          ("model.layers.{i}.pre_feedforward_layernorm.weight", "blk.{i}.ffn_norm.weight"),
+          ("model.layers.{i}.post_feedforward_layernorm.weight", "blk.{i}.post_ffw_norm.weight")]
+FAMILY_NAME_MAPS = {
+    "llama": NAME_MAP + _BIASES,
+    "qwen2": NAME_MAP + _BIASES,
+    "qwen3": NAME_MAP + _QK_NORMS,
+    "phi3": NAME_MAP + [("model.layers.{i}.self_attn.qkv_proj.weight", "blk.{i}.attn_qkv.weight"),
+                        ("model.layers.{i}.mlp.gate_up_proj.weight", "blk.{i}.ffn_up.weight")],
+    "gemma2": _GEMMA + NAME_MAP,
+    "gemma3": _GEMMA + NAME_MAP + _QK_NORMS,
+}
+
+
+def family_hf_to_gguf_name(name: str, architecture: str) -> str | None:
+    """:func:`hf_to_gguf_name` for a family's directory: its own names first (Gemma's norms)."""
+    for hf, gguf in FAMILY_NAME_MAPS[architecture]:
+        pattern = re.escape(hf).replace(r"\{i\}", r"(\d+)")
+        m = re.fullmatch(pattern, name)
+        if m:
+            return gguf.replace("{i}", m.group(1)) if m.groups() else gguf
+    return None
 
 
 def _read_json(path: Path) -> object:
@@ -111,9 +141,12 @@ class HFWeights(WeightSource):
         raw_config = _read_json(config_path)
         if not isinstance(raw_config, dict):
             raise ValueError(f"{config_path}: expected a JSON object, got {type(raw_config).__name__}")
-        check_architecture(raw_config.get("model_type", "llama"), config_path)
+        arch = check_hf_model_type(raw_config.get("model_type", "llama"), config_path)
         self._config = ModelConfig.from_hf_config(raw_config)
-        self.rope_layout = "interleaved" if permute_qk else "half"
+        self._raw_config = raw_config
+        # Llama's rows are permuted for interleaved RoPE as llama.cpp's converter does; the
+        # other families keep Hugging Face's order in GGUF too, and run half-split RoPE
+        self.rope_layout = "interleaved" if permute_qk and arch == "llama" else "half"
         self._files: list[SafetensorsFile] = []
         self._where: dict[str, tuple[SafetensorsFile, str]] = {}
         index = self.path / "model.safetensors.index.json"
@@ -131,7 +164,7 @@ class HFWeights(WeightSource):
             f = read_safetensors(self.path / shard)
             self._files.append(f)
             for hf_name in f.tensors:
-                name = hf_to_gguf_name(hf_name)
+                name = family_hf_to_gguf_name(hf_name, arch)
                 if name is None:
                     continue  # rotary caches and the like: not weights the engine needs
                 self._where[name] = (f, hf_name)
@@ -139,6 +172,8 @@ class HFWeights(WeightSource):
             name: TensorShape(f.tensors[hf].shape, f.tensors[hf].dtype, f.tensors[hf].end - f.tensors[hf].begin)
             for name, (f, hf) in self._where.items()
         }
+        self._derived = derived_tensors(raw_config, self._config)
+        self.tensors |= {name: TensorShape(w.shape, "F32", w.nbytes) for name, w in self._derived.items()}
         check_layer_count(self._config.n_layers, self.tensors, "num_hidden_layers", config_path)
         self.file_size = sum((self.path / shard).stat().st_size for shard in shards)
         self.metadata = {"general.name": self.path.name}
@@ -158,11 +193,15 @@ class HFWeights(WeightSource):
 
     def float32(self, name: str) -> np.ndarray:
         """Tensor ``name`` (GGUF naming) as float32, W_q/W_k rows permuted for interleaved RoPE if asked."""
+        if name in self._derived:
+            return self._derived[name]
         try:
             f, hf_name = self._where[name]
         except KeyError:
             raise KeyError(f"no tensor {name!r} in {self.path}") from None
         w = f.to_float32(hf_name)
+        if name.endswith("norm.weight") and self._config.family.norm_offset:
+            w = w + np.float32(self._config.family.norm_offset)  # Gemma's (1 + w), stored as GGUF does
         if self.rope_layout == "interleaved":
             if name.endswith("attn_q.weight"):
                 w = permute_for_interleaved(w, self.config.n_heads)
@@ -173,6 +212,36 @@ class HFWeights(WeightSource):
     def close(self) -> None:
         for f in self._files:
             f.close()
+
+
+def llama3_frequency_factors(params: dict, dims: int, theta: float) -> np.ndarray:
+    """``[dims / 2]`` divisors of the RoPE frequencies of a Llama 3.1+ ``rope_scaling``
+    (``rope_type: llama3``), as llama.cpp's converter writes them into ``rope_freqs.weight``
+    (the same rule as transformers' ``_compute_llama3_parameters``): wavelengths longer than
+    ``original / low_freq_factor`` slow down by ``factor``, shorter than ``original /
+    high_freq_factor`` keep their speed, and the band between is interpolated smoothly."""
+    factor, low, high = params["factor"], params.get("low_freq_factor", 1.0), params.get("high_freq_factor", 4.0)
+    original = params["original_max_position_embeddings"]
+    freqs = theta ** -(np.arange(0, dims, 2, dtype=np.float64) / dims)
+    wavelen = 2 * np.pi / freqs
+    smooth = (original / wavelen - low) / (high - low)
+    factors = np.where(wavelen < original / high, 1.0,
+                       np.where(wavelen > original / low, factor, 1.0 / ((1 - smooth) / factor + smooth)))
+    return factors.astype(np.float32)
+
+
+def derived_tensors(raw: dict, config: ModelConfig) -> dict[str, np.ndarray]:
+    """The tensors llama.cpp's converter computes from a ``config.json`` rather than reads:
+    Llama 3's ``rope_freqs.weight`` and Phi-3's ``rope_factors_{long,short}.weight``."""
+    from ..family_config import _rope_parameters
+
+    params = _rope_parameters(raw)
+    kind = params.get("rope_type", params.get("type"))
+    if kind == "llama3":
+        return {"rope_freqs.weight": llama3_frequency_factors(params, config.rope_dims, config.rope_theta)}
+    if kind == "longrope":
+        return {f"rope_factors_{x}.weight": np.asarray(params[f"{x}_factor"], dtype=np.float32) for x in ("long", "short")}
+    return {}
 
 
 def hf_config_dict(config: ModelConfig) -> dict:

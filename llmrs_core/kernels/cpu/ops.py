@@ -70,37 +70,51 @@ def rope(x, cos, sin, interleaved):
     return out
 
 
+#: an attention option switched off (one float32 constant: the kernels compile once)
+OFF = np.float32(0)
+
+
 @njit(fastmath=True, cache=True, error_model="numpy")
-def _attend(q, t, h, k, v, kh, limit, out):
-    """``out[t, h] =`` softmax-weighted sum of ``v[:limit, kh]`` for query ``q[t, h]`` against
-    ``k[:limit, kh]`` (``k, v [Tk, Hkv, D]``): scores, softmax, weighted sum, in one pass each.
-    Both attention kernels below call this, so they compute the same numbers."""
+def _attend(q, t, h, k, v, kh, limit, out, window, softcap, scale):
+    """``out[t, h] =`` softmax-weighted sum of ``v[first:limit, kh]`` for query ``q[t, h]`` against
+    ``k[first:limit, kh]`` (``k, v [Tk, Hkv, D]``): scores, softmax, weighted sum, in one pass each.
+    Both attention kernels below call this, so they compute the same numbers.
+
+    The query is position ``limit - 1``. Family options (``attention.AttentionOptions``):
+    ``window`` > 0 hides keys ``window`` or more positions back (``first = limit - window``);
+    ``softcap`` > 0 turns each scaled score ``s`` into ``softcap * tanh(s / softcap)``;
+    ``scale`` > 0 replaces ``1 / sqrt(D)``."""
     dim = q.shape[2]
-    scale = np.float32(1.0 / math.sqrt(dim))
-    scores = np.empty(limit, np.float32)
+    if scale <= 0:
+        scale = np.float32(1.0 / math.sqrt(dim))
+    first = max(0, limit - window) if window > 0 else 0
+    scores = np.empty(limit - first, np.float32)
     best = np.float32(-np.inf)
-    for s in range(limit):
+    for s in range(first, limit):
         acc = np.float32(0)
         for e in range(dim):
             acc += q[t, h, e] * k[s, kh, e]
         acc *= scale
-        scores[s] = acc
+        if softcap > 0:
+            acc = softcap * np.tanh(acc / softcap)
+        scores[s - first] = acc
         best = max(best, acc)
     total = np.float32(0)
-    for s in range(limit):
+    for s in range(limit - first):
         p = np.exp(scores[s] - best)
         scores[s] = p
         total += p
     inv = np.float32(1) / total
-    for s in range(limit):
-        p = scores[s] * inv
+    for s in range(first, limit):
+        p = scores[s - first] * inv
         for e in range(dim):
             out[t, h, e] += p * v[s, kh, e]
 
 
 @njit(parallel=True, fastmath=True, cache=True, error_model="numpy")  # see rms_norm
-def attention(q, k, v):
+def attention(q, k, v, window=0, softcap=OFF, scale=OFF):
     """Causal GQA attention: ``q [Tq, Hq, D]``, ``k, v [Tk, Hkv, D]`` -> ``[Tq, Hq, D]``.
+    ``window``, ``softcap``, ``scale``: a family's options (see :func:`_attend`; 0 is off).
 
     The queries are the last ``Tq`` of the ``Tk`` positions (query ``t`` sees
     keys ``0 .. Tk - Tq + t``). One pass per (query, head) pair: scores,
@@ -114,12 +128,12 @@ def attention(q, k, v):
     out = np.zeros((tq, hq, dim), np.float32)
     for pair in prange(tq * hq):
         t, h = pair // hq, pair % hq
-        _attend(q, t, h, k, v, h // group, tk - tq + t + 1, out)
+        _attend(q, t, h, k, v, h // group, tk - tq + t + 1, out, window, softcap, scale)
     return out
 
 
 @njit(parallel=True, fastmath=True, cache=True, error_model="numpy")
-def paged_decode_attention(q, k_pool, v_pool, tables, lengths):
+def paged_decode_attention(q, k_pool, v_pool, tables, lengths, window=0, softcap=OFF, scale=OFF):
     """One decode token per sequence, its keys and values read from a block pool in place:
     ``q [n, Hq, D]``, ``k_pool, v_pool [num_blocks, Hkv, block_size, D]`` (one layer's),
     ``tables`` int64 ``[n, max blocks]``, ``lengths`` int64 ``[n]`` -> ``[n, Hq, D]``.
@@ -145,7 +159,7 @@ def paged_decode_attention(q, k_pool, v_pool, tables, lengths):
                 k[s, 0, e] = k_pool[block, kh, slot, e]
                 v[s, 0, e] = v_pool[block, kh, slot, e]
         for h in range(kh * group, (kh + 1) * group):
-            _attend(q, i, h, k, v, 0, length, out)
+            _attend(q, i, h, k, v, 0, length, out, window, softcap, scale)
     return out
 
 
