@@ -59,6 +59,8 @@ def format_summary(s: dict) -> str:
         f"{'tied to the output head' if cfg['tie_embeddings'] else 'separate from the output head'}",
         f"position          RoPE, theta {cfg['rope_theta']:g}, trained context {cfg['context_length']:,}",
         f"RMSNorm eps       {cfg['rms_norm_eps']:g}",
+        f"family            {s['architecture']}: "
+        + ("; ".join(s["family_features"]) if s["family_features"] else "Llama's path (no extras)"),
         "",
         "parameters by component",
     ]

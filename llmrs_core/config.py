@@ -105,6 +105,8 @@ def _hf_rope_theta(config: Mapping[str, Any]) -> float:
     params = config.get("rope_parameters") or {}
     if not isinstance(params, Mapping):
         raise ConfigError(f"config.json: 'rope_parameters' must be an object, got {type(params).__name__}")
+    if isinstance(params.get("full_attention"), Mapping):  # Gemma 3: one set per layer type
+        params = params["full_attention"]
     return _number(params.get("rope_theta", 10000.0), "rope_parameters.rope_theta", "config.json", integer=False)
 
 
@@ -374,13 +376,8 @@ class ModelConfig:
             raise ConfigError(
                 f"hidden_size {self.hidden_size} is not divisible by n_heads {self.n_heads}"
             )
-        # Llama's heads split the model width; Qwen3's and Gemma's project to a width of their own
-        free = self.architecture in FAMILIES and self.family.free_head_dim
-        if self.n_heads * self.head_dim != self.hidden_size and not free:
-            raise ConfigError(
-                f"n_heads * head_dim = {self.n_heads} * {self.head_dim} = "
-                f"{self.n_heads * self.head_dim}, but hidden_size is {self.hidden_size}"
-            )
+        # n_heads * head_dim may differ from hidden_size: Qwen3, Gemma and Mistral Nemo project the
+        # width to heads of their own size (GGUF's attention.key_length, config.json's head_dim)
         if self.n_heads % self.n_kv_heads:
             raise ConfigError(
                 f"{self.n_heads} query heads cannot be shared evenly by {self.n_kv_heads} "
@@ -419,17 +416,22 @@ class ModelConfig:
 
         Keys: ``embedding``, ``attention`` (W_q, W_k, W_v, W_o of all layers),
         ``mlp`` (W_gate, W_up, W_down of all layers), ``norms`` (2 per layer
-        + final), ``output`` (the LM head, when not tied).
+        + final), ``output`` (the LM head, when not tied). A family's extras count where they
+        belong: q/k/v biases in ``attention``, Gemma's two more norms and q/k norms in ``norms``.
         """
         d, hd = self.hidden_size, self.head_dim
         q_out, kv_out = self.n_heads * hd, self.n_kv_heads * hd
         per_layer_attn = d * q_out + 2 * d * kv_out + q_out * d
+        if self.qkv_bias:  # a family's extras (Qwen2's biases, Gemma's extra norms, q/k norms)
+            per_layer_attn += q_out + 2 * kv_out
         per_layer_mlp = 3 * d * self.intermediate_size
+        fam = self.family if self.architecture in FAMILIES else None
+        per_layer_norms = (4 if fam and fam.sandwich_norms else 2) * d + (2 * hd if fam and fam.qk_norm else 0)
         return {
             "embedding": self.vocab_size * d,
             "attention": self.n_layers * per_layer_attn,
             "mlp": self.n_layers * per_layer_mlp,
-            "norms": (2 * self.n_layers + 1) * d,
+            "norms": self.n_layers * per_layer_norms + d,
             "output": 0 if self.tie_embeddings else self.vocab_size * d,
         }
 

@@ -25,7 +25,6 @@ embed_scale    the embedding is multiplied by sqrt(hidden_size) (Gemma)
 activation     the MLP's gate: "silu" (SwiGLU) or "gelu_tanh" (GeGLU, Gemma)
 fused_qkv      one ``attn_qkv`` matrix holds [W_q; W_k; W_v] (Phi-3)
 fused_gate_up  ``ffn_up`` holds [W_gate; W_up] (Phi-3)
-free_head_dim  head_dim need not be hidden_size / n_heads (Qwen3, Gemma)
 norm_offset    Hugging Face stores RMSNorm weights as w - 1 and multiplies by (1 + w);
                the GGUF converter stores w + 1 already (Gemma: 1.0)
 swa_pattern    every how many layers one is global when a sliding window is set (the
@@ -51,7 +50,6 @@ class Family:
     activation: str = "silu"
     fused_qkv: bool = False
     fused_gate_up: bool = False
-    free_head_dim: bool = False
     norm_offset: float = 0.0
     swa_pattern: int = 0
 
@@ -62,12 +60,12 @@ FAMILIES: dict[str, Family] = {
     for f in (
         Family("llama"),
         Family("qwen2", rope_pairing="half", qkv_bias=True),
-        Family("qwen3", rope_pairing="half", qk_norm=True, free_head_dim=True),
+        Family("qwen3", rope_pairing="half", qk_norm=True),
         Family("phi3", rope_pairing="half", fused_qkv=True, fused_gate_up=True),
         Family("gemma2", rope_pairing="half", sandwich_norms=True, embed_scale=True, activation="gelu_tanh",
-               free_head_dim=True, norm_offset=1.0, swa_pattern=2),
+               norm_offset=1.0, swa_pattern=2),
         Family("gemma3", rope_pairing="half", qk_norm=True, sandwich_norms=True, embed_scale=True,
-               activation="gelu_tanh", free_head_dim=True, norm_offset=1.0, swa_pattern=6),
+               activation="gelu_tanh", norm_offset=1.0, swa_pattern=6),
     )
 }
 

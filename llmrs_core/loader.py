@@ -22,11 +22,13 @@ from .backends import BACKENDS, DEFAULT_BACKEND, get_backend
 from .distributed.communicator import Communicator
 from .distributed.plan import StepPlan
 from .fetch import default_model_path, fetch_model
+from .family_config import family_features
 from .formats.gguf import read_gguf
 from .formats.hf import HFWeights
 from .formats.source import WeightSource
 from .generate import Completion, generate_ids
-from .model import LlamaModel, check_tensors
+from .memory import check_host_allocation
+from .model import LlamaModel, check_tensors, resident_bytes
 from .sampling import SamplingParams
 from .tokenizer import Tokenizer
 from .validation import check_max_tokens, normalise_stop, precheck_chat, prompt_ids
@@ -63,6 +65,8 @@ class Model:
         """The weights on the backend, loaded on first use (chapter 4); a distributed rank's
         own shard of them (chapter 11)."""
         if self.split is None:
+            check_host_allocation(resident_bytes(self.gguf, self._backend.name),
+                                  f"{self.path.name} on the {self._backend.name} backend")
             return LlamaModel(self.gguf, self.config, self._backend)
         part, plan = self.split
         rows = part.tensors["token_embd.weight"].shape[0]
@@ -227,6 +231,7 @@ class Model:
             "name": self.name,
             "path": str(self.path),
             "architecture": cfg.architecture,
+            "family_features": family_features(cfg, self.gguf.tensors),
             "config": dataclasses.asdict(cfg),
             "params": {**cfg.param_counts(), "total": cfg.n_params},
             "stored_params": self.stored_params(),

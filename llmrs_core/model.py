@@ -149,6 +149,19 @@ def check_tensors(gguf: WeightSource, c: ModelConfig, vocab_rows: int | None = N
         raise ValueError(f"{gguf.path}: the file has rope_factors_long.weight but not rope_factors_short.weight")
 
 
+def resident_bytes(source: WeightSource, backend: str) -> int:
+    """About the host memory the weights of ``source`` take once loaded on ``backend``: float32
+    for the NumPy backends (4 bytes a weight); the stored bytes plus an int8 copy (just over
+    a byte a weight) for Numba's; nothing for a GPU's. So that a model too big for the machine
+    is refused with the numbers before any weight is read, not killed by the kernel halfway."""
+    elements = sum(t.n_elements for t in source.tensors.values())
+    if backend in ("numpy", "learner"):
+        return 4 * elements
+    if backend == "numba":
+        return sum(t.n_bytes for t in source.tensors.values()) + elements * 34 // 32
+    return 0
+
+
 class NonFiniteError(FloatingPointError):
     """The forward pass produced NaN or infinite logits: valid weights and token ids never do."""
 

@@ -113,7 +113,7 @@ class ModelConfig:
         """Raise ``ConfigError`` with a clear message if the config is impossible.
 
         Check at least: every size is a positive integer; ``hidden_size`` is
-        divisible by ``n_heads`` and equals ``n_heads * head_dim``; ``n_heads`` is
+        divisible by ``n_heads``; ``n_heads`` is
         divisible by ``n_kv_heads``; ``head_dim`` is even (RoPE rotates pairs);
         ``rope_theta > 0``; ``0 < rms_norm_eps < 1``. Return None when all is well.
         """
