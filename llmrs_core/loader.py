@@ -21,8 +21,8 @@ import numpy as np
 from .backends import BACKENDS, DEFAULT_BACKEND, get_backend
 from .distributed.communicator import Communicator
 from .distributed.plan import StepPlan
-from .fetch import default_model_path, fetch_model
 from .family_config import family_features
+from .fetch import default_model_path, fetch_model
 from .formats.gguf import read_gguf
 from .formats.hf import HFWeights
 from .formats.source import WeightSource
