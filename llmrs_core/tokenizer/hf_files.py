@@ -14,6 +14,7 @@ Layouts (what :func:`write_hf_dir` writes and :func:`read_hf_dir` reads back):
   ``Replace(" ", "▁")``; no pre-tokeniser. Read back, a piece's score is minus the
   rank of the first merge that makes it, which orders merges as the scores did.
 
+``tokenizer_config.json`` also records the pre-tokeniser's llama.cpp name (``llama_cpp_pre``).
 Added tokens carry each special token's ``lstrip``/``rstrip`` (Phi-3's rstrip) and
 whether it is special (control) or not (user-defined: matched even in plain text).
 """
@@ -21,6 +22,7 @@ whether it is special (control) or not (user-defined: matched even in plain text
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -58,17 +60,27 @@ def read_json_object(path: Path) -> dict[str, Any]:
     return data
 
 
+_ESCAPE = re.compile(r"\\u([0-9a-fA-F]{4})|\\U([0-9a-fA-F]{8})")
+
+
+def literal(pattern: str) -> str:
+    """``pattern`` with its ``\\uXXXX``/``\\UXXXXXXXX`` escapes written as the characters: Hugging
+    Face's regex engine (Oniguruma) has no ``\\U`` escape, and would read DeepSeek's letter ranges wrong."""
+    return _ESCAPE.sub(lambda m: chr(int(m.group(1) or m.group(2), 16)), pattern)
+
+
 def hf_pre_tokenizer(pre: PreTokenizer) -> dict[str, Any]:
     """The ``pre_tokenizer`` entry for a BPE pre-tokeniser."""
     if pre.name == "smollm":
         return SMOLLM2_PRE_TOKENIZER
-    splits = [{"type": "Split", "pattern": {"Regex": p}, "behavior": "Isolated", "invert": False}
+    splits = [{"type": "Split", "pattern": {"Regex": literal(p)}, "behavior": "Isolated", "invert": False}
               for p in pre.patterns]
     return {"type": "Sequence", "pretokenizers": [*splits, BYTE_LEVEL]}
 
 
-def _pre_from_hf(entry: Any) -> str | None:
-    """The name of the pre-tokeniser a ``pre_tokenizer`` entry describes, or None."""
+def _pre_from_hf(entry: Any, named: str | None = None) -> str | None:
+    """The name of the pre-tokeniser a ``pre_tokenizer`` entry describes, or None; ``named``
+    (``tokenizer_config.json``'s ``llama_cpp_pre``) chooses among names with the same patterns."""
     if entry == SMOLLM2_PRE_TOKENIZER:
         return "smollm"
     if isinstance(entry, dict) and entry.get("type") == "ByteLevel" and entry.get("use_regex", True):
@@ -86,11 +98,10 @@ def _pre_from_hf(entry: Any) -> str | None:
                 and not step.get("invert") and isinstance(step.get("pattern"), dict)
                 and isinstance(step["pattern"].get("Regex"), str)):
             return None
-        patterns.append(step["pattern"]["Regex"].replace(HF_CONTRACTIONS, LLAMA_CPP_CONTRACTIONS))
-    for name, pre in PRE_TOKENIZERS.items():  # the first name a pattern list has is its canonical one
-        if pre.patterns == tuple(patterns):
-            return name
-    return None
+        patterns.append(literal(step["pattern"]["Regex"].replace(HF_CONTRACTIONS, LLAMA_CPP_CONTRACTIONS)))
+    # the name save_hf wrote, if its patterns are these; else the first name with these patterns
+    names = [n for n in (named, *PRE_TOKENIZERS) if n in PRE_TOKENIZERS]
+    return next((n for n in names if tuple(map(literal, PRE_TOKENIZERS[n].patterns)) == tuple(patterns)), None)
 
 
 def _is_sentencepiece(data: dict[str, Any]) -> bool:
@@ -107,8 +118,11 @@ def read_hf_dir(directory: Path) -> dict[str, Any]:
     model = data.get("model") or {}
     if not isinstance(model, dict) or model.get("type") != "BPE":
         raise ValueError(f"{path}: only BPE models (byte-level, or SentencePiece converted to BPE) are supported")
+    cfg_path = directory / "tokenizer_config.json"
+    cfg = read_json_object(cfg_path) if cfg_path.exists() else {}
     spm = _is_sentencepiece(data)
-    pre = None if spm else _pre_from_hf(data.get("pre_tokenizer"))
+    named = cfg.get("llama_cpp_pre")
+    pre = None if spm else _pre_from_hf(data.get("pre_tokenizer"), named if isinstance(named, str) else None)
     if not spm and pre is None:
         raise ValueError(f"{path}: the pre_tokenizer is none of the supported byte-level BPE layouts "
                          "(SmolLM2's Digits + ByteLevel, GPT-2's ByteLevel, or Split by one of the "
@@ -144,8 +158,6 @@ def read_hf_dir(directory: Path) -> dict[str, Any]:
         if t.get("lstrip"):
             lstrip.add(i)
     merges = [m if isinstance(m, str) else " ".join(m) for m in model.get("merges", [])]
-    cfg_path = directory / "tokenizer_config.json"
-    cfg = read_json_object(cfg_path) if cfg_path.exists() else {}
 
     def special_id(key: str) -> int | None:
         value = cfg.get(key)
@@ -255,5 +267,7 @@ def write_hf_dir(tok: Tokenizer, directory: Path) -> None:
     }
     if tok.kind == "llama":
         config["unk_token"] = text(tok.unk_token_id)
+    else:  # which of the names with these patterns (their defaults differ); Hugging Face ignores it
+        config["llama_cpp_pre"] = tok.pre.name
     (directory / "tokenizer_config.json").write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n",
                                                     encoding="utf-8")
