@@ -87,3 +87,16 @@ def test_without_gpu_or_simulator_the_cli_says_what_to_do(tmp_path):
     assert run.returncode == 1, run.stderr
     lines = run.stderr.strip().splitlines()
     assert len(lines) == 1 and "needs an NVIDIA GPU" in lines[0] and "NUMBA_ENABLE_CUDASIM=1" in lines[0], run.stderr
+
+
+def test_a_family_the_kernels_do_not_run_is_refused_in_one_sentence():
+    """The cuda backend's kernels are Llama's (chapter 9); Qwen2's biases, Gemma's soft-caps and
+    the other families' extras are refused by name before any weight reaches the device."""
+    from pathlib import Path
+
+    from llmrs_core.config import ConfigError
+
+    root = Path(__file__).resolve().parents[1] / "golden" / "families"
+    for name, feature in (("qwen2", "q/k/v biases"), ("gemma2", "attention soft-cap 50")):
+        with pytest.raises(ConfigError, match=f"cuda backend runs the llama family without extras.*{feature}"):
+            _ = llmrs.load(root / name / "model.gguf", backend="cuda").network
