@@ -140,13 +140,16 @@ TEXT = st.lists(
 ).map("".join)
 
 
-@pytest.mark.parametrize("name", BPE_VOCABS)
+@pytest.mark.parametrize("name", VOCABS)
 def test_hypothesis_texts_match_hugging_face(load, hf_reference, name):
+    """Every BPE kind, and SentencePiece too (Hugging Face's BPE-with-byte-fallback conversion
+    agrees with llama.cpp's score merging on these texts). Derandomised: the same texts on every
+    run (1,500 per kind found no difference when this was written)."""
     tok = load(name)
     hf, _ = hf_reference(name)
 
     @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow],
-              database=None)
+              database=None, derandomize=True)
     @given(TEXT)
     def check(text):
         ours, theirs = tok.encode(text, allow_special=False), hf.encode(text, add_special_tokens=False).ids
@@ -339,3 +342,20 @@ def test_cli_tokenize_reads_vocab_only_files(vocab_files, load, capsys, name):
     out = json.loads(capsys.readouterr().out)
     tok = load(name)
     assert out["ids"] == tok.encode(text) and out["pieces"] == [tok.piece(i) for i in out["ids"]]
+
+
+def test_hf_directories_we_cannot_read_exactly_are_refused(tmp_path):
+    tok = Tokenizer(["a", "b", "ab"], ["a b"], pre="llama-bpe")
+    tok.save_hf(tmp_path)
+    back = Tokenizer.from_hf_dir(tmp_path)
+    assert (back.pre.name, back.tokens, back.ranks) == ("llama-bpe", tok.tokens, tok.ranks)
+    data = json.loads((tmp_path / "tokenizer.json").read_text())
+    for pre in ({"type": "Whitespace"}, {"type": "Sequence", "pretokenizers": [
+            {"type": "Split", "pattern": {"Regex": "x+"}, "behavior": "Isolated", "invert": False},
+            {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False}]}):
+        (tmp_path / "tokenizer.json").write_text(json.dumps(data | {"pre_tokenizer": pre}))
+        with pytest.raises(ValueError, match=r"tokenizer\.json: the pre_tokenizer is none of the supported .*llama-bpe"):
+            Tokenizer.from_hf_dir(tmp_path)
+    (tmp_path / "tokenizer.json").write_text(json.dumps(data | {"model": {"type": "WordPiece", "vocab": {}}}))
+    with pytest.raises(ValueError, match=r"tokenizer\.json: only BPE models"):
+        Tokenizer.from_hf_dir(tmp_path)
