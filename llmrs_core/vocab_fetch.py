@@ -35,7 +35,7 @@ FETCH_COMMAND = "make fetch-vocab"
 
 # the vocabularies whose vectors the tests check (the file name between "ggml-vocab-" and ".gguf")
 VOCABS = ("llama-bpe", "qwen2", "qwen35", "gpt-2", "starcoder", "refact", "command-r",
-          "deepseek-coder", "deepseek-llm", "llama-spm", "phi-3")
+          "deepseek-coder", "deepseek-llm", "falcon", "mpt", "llama-spm", "phi-3")
 
 
 def vocab_dir() -> Path:

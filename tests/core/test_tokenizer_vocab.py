@@ -23,7 +23,7 @@ from llmrs_core.tokenizer import Tokenizer
 from llmrs_core.vocab_fetch import FETCH_COMMAND, is_complete, vocab_dir
 
 BPE_VOCABS = ("llama-bpe", "qwen2", "qwen35", "gpt-2", "starcoder", "refact", "command-r",
-              "deepseek-coder", "deepseek-llm")
+              "deepseek-coder", "deepseek-llm", "falcon", "mpt")
 SPM_VOCABS = ("llama-spm", "phi-3")
 VOCABS = BPE_VOCABS + SPM_VOCABS
 
@@ -147,6 +147,8 @@ def test_hypothesis_texts_match_hugging_face(load, hf_reference, name):
     run (1,500 per kind found no difference when this was written)."""
     tok = load(name)
     hf, _ = hf_reference(name)
+    dropped = tok.model.dropped_bytes()
+    assert dropped is not None
 
     @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow],
               database=None, derandomize=True)
@@ -154,7 +156,8 @@ def test_hypothesis_texts_match_hugging_face(load, hf_reference, name):
     def check(text):
         ours, theirs = tok.encode(text, allow_special=False), hf.encode(text, add_special_tokens=False).ids
         assert ours == theirs, f"{name} on {text!r}: " + first_difference(ours, theirs, tok.piece)
-        assert tok.decode(ours) == text
+        if not set(text.encode()) & set(dropped):  # bytes the vocabulary has no token for are dropped
+            assert tok.decode(ours) == text
 
     check()
 
