@@ -169,19 +169,29 @@ class Model:
                 raise RuntimeError(f"prompt {i} failed: {out.error}")
         return outs
 
-    def chat(self, messages: Sequence[Mapping[str, Any]], **kwargs: Any) -> Completion:
+    def chat(self, messages: Sequence[Mapping[str, Any]], *, tools: Sequence[Mapping[str, Any]] | None = None,
+             chat_template_kwargs: Mapping[str, Any] | None = None, **kwargs: Any) -> Completion:
         """Generate the assistant's reply to ``messages``, rendered with the model's chat template.
+
+        ``tools`` (JSON schemas of functions, OpenAI's shape) and ``chat_template_kwargs``
+        (template variables: ``enable_thinking=False`` for Qwen3, ``date_string`` for
+        Llama 3.1..., vLLM's name) go to the template; the other keyword arguments to
+        :meth:`generate`. No BOS is added: the template writes it where the model wants it.
 
         Only the template's own structure becomes control tokens: a message
         whose *content* contains ``<|im_start|>`` or ``<|im_end|>`` cannot
         forge a turn (the content is encoded as ordinary text,
         :meth:`~llmrs_core.tokenizer.Tokenizer.encode_chat`).
         """
+        from .tokenizer.messages import template_data
+
         if "allow_special" in kwargs:
             raise ValueError("chat() encodes message contents as text; allow_special applies to generate()")
+        data = template_data(tools, chat_template_kwargs)
         # messages far too long for the context are refused before the template renders them
-        precheck_chat(messages, self.tokenizer, self.config.context_length, 1)
-        ids = self.tokenizer.encode_chat(messages, add_generation_prompt=True)
+        precheck_chat(messages, self.tokenizer, self.config.context_length, 1, data)
+        ids = self.tokenizer.encode_chat(messages, add_generation_prompt=True, tools=tools,
+                                         chat_template_kwargs=chat_template_kwargs)
         return self.generate(ids, **kwargs)
 
     def _stop_token_ids(self) -> list[int]:

@@ -168,17 +168,19 @@ def precheck_text(texts: Sequence[str], tokenizer: Tokenizer, context_length: in
         )
 
 
-def precheck_chat(messages: Any, tokenizer: Tokenizer, context_length: int, max_tokens: int) -> None:
+def precheck_chat(messages: Any, tokenizer: Tokenizer, context_length: int, max_tokens: int,
+                  data: Any = None) -> None:
     """:func:`precheck_text` for chat ``messages``, before the template renders them: every
-    string the template sees (roles, contents, names...) counts, and there may be at most
-    ``context_length`` messages. ``ValueError`` naming ``messages`` otherwise."""
+    string the template sees (roles, contents, names..., and in ``data`` the tools and template
+    variables) counts, and there may be at most ``context_length`` messages. ``ValueError``
+    naming ``messages`` otherwise."""
     from .tokenizer.chat import check_messages, message_texts
 
     check_messages(messages)
     if len(messages) > context_length:
         raise ValueError(f"messages: {len(messages):,} messages cannot fit the model's context length "
                          f"{context_length}")
-    precheck_text(message_texts(messages), tokenizer, context_length, max_tokens, "messages")
+    precheck_text(message_texts([messages, data]), tokenizer, context_length, max_tokens, "messages")
 
 
 def prompt_ids(

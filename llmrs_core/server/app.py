@@ -68,6 +68,7 @@ from starlette.requests import ClientDisconnect
 
 from ..engine import Engine
 from ..loader import Model
+from ..tokenizer.messages import check_template_kwargs, check_tools
 from ..validation import check_fits_context, check_token_ids, precheck_chat, precheck_text, prompt_ids
 from .encode_pool import EncodePool, text_size
 from .limits import HeaderLimits
@@ -226,7 +227,7 @@ def create_app(
             where = f"prompt {i}: " if len(req.prompts) > 1 else ""
             try:
                 if chat:
-                    precheck_chat(prompt, tokenizer, config.context_length, req.max_tokens or 1)
+                    precheck_chat(prompt, tokenizer, config.context_length, req.max_tokens or 1, req.template_data)
                 elif isinstance(prompt, str):
                     precheck_text([prompt], tokenizer, config.context_length,
                                   req.max_tokens or DEFAULT_COMPLETION_MAX_TOKENS)
@@ -241,7 +242,7 @@ def create_app(
             where = f"prompt {i}: " if len(req.prompts) > 1 else ""
             try:
                 if chat:
-                    ids = tokenizer.encode_chat(prompt)
+                    ids = tokenizer.encode_chat(prompt, tools=req.tools, chat_template_kwargs=req.chat_template_kwargs)
                     max_tokens = req.max_tokens if req.max_tokens is not None else max(
                         config.context_length - len(ids), 1)
                     ids = check_token_ids(ids, config.vocab_size)
@@ -260,7 +261,7 @@ def create_app(
         req = parse_chat_request(body) if chat else parse_completion_request(body)
         check_model(req)
         prechecked(req, chat)
-        encoded = await request.app.state.encoder.run(text_size(req.prompts), encode, req, chat)
+        encoded = await request.app.state.encoder.run(text_size([req.prompts, req.template_data]), encode, req, chat)
         response_id = new_id("chatcmpl" if chat else "cmpl")
         requests, choice_of, prompt_of = [], {}, {}
         for p, (ids, max_tokens) in enumerate(encoded):
@@ -345,17 +346,26 @@ def create_app(
         body = await read_json(request, max_body_bytes)
         if not isinstance(body, dict):
             raise APIError(400, "the request body must be a JSON object")
-        unknown = set(body) - {"model", "prompt", "messages"}
+        unknown = set(body) - {"model", "prompt", "messages", "tools", "chat_template_kwargs"}
         if unknown:
             raise APIError(400, f"{sorted(unknown)[0]!r} is not supported by /tokenize", param=sorted(unknown)[0])
         check_model(body)
         if ("prompt" in body) == ("messages" in body):
             raise APIError(400, "give either prompt (text) or messages", param="prompt")
+        data: dict = {}
+        if "messages" in body:
+            for field_name, check in (("tools", check_tools), ("chat_template_kwargs", check_template_kwargs)):
+                try:
+                    data[field_name] = check(body.get(field_name))
+                except ValueError as e:
+                    raise APIError(400, str(e), param=field_name) from None
+        elif "tools" in body or "chat_template_kwargs" in body:
+            raise APIError(400, "tools and chat_template_kwargs go with messages, not prompt", param="prompt")
 
         def run() -> list[int]:
             try:
                 if "messages" in body:
-                    return tokenizer.encode_chat(body["messages"])
+                    return tokenizer.encode_chat(body["messages"], **data)
                 if not isinstance(body["prompt"], str):
                     raise ValueError(f"prompt must be text, got {type(body['prompt']).__name__}")
                 return tokenizer.encode(body["prompt"], allow_special=False)
@@ -364,12 +374,12 @@ def create_app(
 
         try:  # text too long for the context is refused before it is encoded, here on the event loop
             if "messages" in body:
-                precheck_chat(body["messages"], tokenizer, config.context_length, 0)
+                precheck_chat(body["messages"], tokenizer, config.context_length, 0, data)
             elif isinstance(body["prompt"], str):
                 precheck_text([body["prompt"]], tokenizer, config.context_length, 0)
         except ValueError as e:
             raise APIError(400, str(e), param="messages" if "messages" in body else "prompt") from None
-        ids = await request.app.state.encoder.run(text_size(body.get("messages") or body["prompt"]), run)
+        ids = await request.app.state.encoder.run(text_size([body.get("messages") or body["prompt"], data]), run)
         return {"tokens": ids, "count": len(ids), "max_model_len": config.context_length}
 
     @app.post("/detokenize", dependencies=guarded)

@@ -28,6 +28,13 @@ prompts × ``n``          <= :data:`MAX_SEQUENCES`  64 sequences a call (each is
                          <= 256 characters    (OpenAI allows 4)
 ``logprobs``             0 to 20              OpenAI's
 ``logit_bias``           not supported        a 400 naming it
+``tools``                <= 128 objects       passed to the chat template (``messages.MAX_TOOLS``);
+                                              the reply's text is not parsed into tool calls
+``tool_choice``          ``auto``, ``none``   ``none``: the template is not given the tools
+``chat_template_kwargs`` an object of <= 64   template variables, as vLLM's (``enable_thinking``,
+                         JSON values          ``date_string``...); reserved names (``messages``,
+                                              ``add_generation_prompt``, ``tools``, special tokens,
+                                              the sandbox's functions) are a 400 naming them
 =======================  ===================  ====================================================
 
 Responses are plain dicts in OpenAI's shape: ``id``, ``object``, ``created``,
@@ -47,6 +54,7 @@ from typing import Any
 
 from ..logprobs import TokenLogprob, check_top_logprobs
 from ..sampling import SamplingParams
+from ..tokenizer.messages import check_template_kwargs, check_tools
 from ..validation import check_int, check_max_tokens, normalise_stop
 
 #: OpenAI's range for temperature (the engine itself takes any value >= 0)
@@ -62,7 +70,8 @@ SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "min_p", "presence_penalty",
 COMMON_FIELDS = (*SAMPLING_FIELDS, "model", "max_tokens", "stop", "n", "stream", "stream_options", "user",
                  "ignore_eos", "logprobs")
 COMPLETION_FIELDS = (*COMMON_FIELDS, "prompt", "echo")
-CHAT_FIELDS = (*COMMON_FIELDS, "messages", "max_completion_tokens", "top_logprobs")
+CHAT_FIELDS = (*COMMON_FIELDS, "messages", "max_completion_tokens", "top_logprobs", "tools", "tool_choice",
+               "chat_template_kwargs")
 
 
 class APIError(Exception):
@@ -122,6 +131,14 @@ class GenerationRequest:
     #: ``None``: no log-probabilities; ``k``: each token's, with its ``k`` best alternatives
     logprobs: int | None = None
     created: int = field(default_factory=lambda: int(time.time()))
+    #: chat: the tools (JSON schemas) and template variables the chat template is given (checked)
+    tools: list[dict[str, Any]] | None = None
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def template_data(self) -> dict[str, Any]:
+        """What the chat template sees besides the messages (for the length precheck)."""
+        return {"tools": self.tools, **self.chat_template_kwargs}
 
     def sampling_for(self, choice: int) -> SamplingParams:
         """Choice ``choice``'s sampling: with a seed, choice j uses ``seed + j`` (the n choices
@@ -270,7 +287,8 @@ def parse_completion_request(body: Any) -> GenerationRequest:
 
 
 def parse_chat_request(body: Any) -> GenerationRequest:
-    """``POST /v1/chat/completions``: ``messages`` go through the chat template."""
+    """``POST /v1/chat/completions``: ``messages`` go through the chat template, with ``tools``
+    and ``chat_template_kwargs`` (checked here: a 400 naming the field)."""
     body = _object(body)
     _check_fields(body, CHAT_FIELDS)
     messages = body.get("messages")
@@ -279,7 +297,22 @@ def parse_chat_request(body: Any) -> GenerationRequest:
     max_tokens = _max_tokens(body, "max_completion_tokens")
     if max_tokens is None:
         max_tokens = _max_tokens(body, "max_tokens")
-    return _common(body, [messages], max_tokens, _chat_logprobs(body))
+    tool_choice = body.get("tool_choice")
+    if tool_choice not in (None, "auto", "none"):
+        raise APIError(400, f"tool_choice {tool_choice!r} is not supported by this server (supported: 'auto', "
+                            "'none'; it does not force tool calls)", param="tool_choice")
+    try:
+        tools = check_tools(body.get("tools"))
+    except ValueError as e:
+        raise APIError(400, str(e), param="tools") from None
+    try:
+        kwargs = check_template_kwargs(body.get("chat_template_kwargs"))
+    except ValueError as e:
+        raise APIError(400, str(e), param="chat_template_kwargs") from None
+    req = _common(body, [messages], max_tokens, _chat_logprobs(body))
+    req.tools = None if tool_choice == "none" else tools
+    req.chat_template_kwargs = kwargs
+    return req
 
 
 def _object(body: Any) -> Mapping[str, Any]:

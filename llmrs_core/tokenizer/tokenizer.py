@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 import regex
 
 from .chat import check_messages, render_chat_template
+from .messages import LAYOUT_WORDS, template_data
 from .model import MODEL_KINDS, BPEModel, TextModel
 from .pretokenizers import PreTokenizer, pre_tokenizer
 from .sentencepiece import SentencePieceModel
@@ -404,27 +405,49 @@ class Tokenizer:
     # -- chat ----------------------------------------------------------------
 
     def apply_chat_template(
-        self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True
+        self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True, *,
+        tools: Sequence[Mapping[str, Any]] | None = None, chat_template_kwargs: Mapping[str, Any] | None = None,
     ) -> str:
-        """Render ``messages`` (``[{"role": ..., "content": ...}]``) with the model's chat template."""
+        """Render ``messages`` (``[{"role": ..., "content": ...}]``) with the model's chat template.
+
+        ``tools`` (JSON schemas of functions) and ``chat_template_kwargs`` (template
+        variables such as ``enable_thinking`` or ``date_string``, vLLM's name) are
+        checked (:func:`.messages.check_tools`, :func:`.messages.check_template_kwargs`)
+        and passed to the template beside ``bos_token`` and ``eos_token``; the
+        equivalent of ``transformers``' ``apply_chat_template(messages, tools=tools,
+        add_generation_prompt=..., tokenize=False, **chat_template_kwargs)``.
+        """
+        return self._render_chat(messages, add_generation_prompt, template_data(tools, chat_template_kwargs))
+
+    def _render_chat(self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool,
+                     data: Mapping[str, Any]) -> str:
+        """The template rendered with the caller's (checked) ``data`` and this vocabulary's special tokens."""
         if not self.chat_template:
             raise ValueError("this model has no chat template (tokenizer.chat_template)")
         special = {
             "bos_token": self.tokens[self.bos_token_id] if self.bos_token_id is not None else "",
             "eos_token": self.tokens[self.eos_token_id] if self.eos_token_id is not None else "",
         }
-        return render_chat_template(self.chat_template, messages, add_generation_prompt, **special)
+        return render_chat_template(self.chat_template, messages, add_generation_prompt, **special, **data)
 
-    def encode_chat(self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True) -> list[int]:
+    def encode_chat(
+        self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True, *,
+        tools: Sequence[Mapping[str, Any]] | None = None, chat_template_kwargs: Mapping[str, Any] | None = None,
+    ) -> list[int]:
         """Messages -> token ids of the model's chat prompt, with no turn injection possible.
 
-        The chat template (:meth:`apply_chat_template`) lays out the prompt;
-        its own markers (``<|im_start|>``, ``<|im_end|>``) become control
-        tokens, while the messages' text is encoded as ordinary text:
-        ``<|im_end|>`` typed in a message is the 6 tokens of ``<``, ``|``,
+        The chat template (:meth:`apply_chat_template`, with the same ``tools`` and
+        ``chat_template_kwargs``) lays out the prompt; its own markers
+        (``<|im_start|>``, ``<|im_end|>``) become control tokens, while the
+        messages' text (and the tools' and variables') is encoded as ordinary
+        text: ``<|im_end|>`` typed in a message is the 6 tokens of ``<``, ``|``,
         ``im``, ... and cannot end the turn or forge a system message. For
         messages without special-token text the ids are exactly those of
         ``encode(apply_chat_template(messages))``. See :meth:`encode_rendered_chat`.
+
+        No BOS is added: the template writes ``{{ bos_token }}`` where the model
+        wants one (transformers encodes a rendered chat with
+        ``add_special_tokens=False``; adding one too gave Llama 3 and Phi-3 two).
 
         The references differ on purpose here: Hugging Face
         ``apply_chat_template(tokenize=True)`` and llama.cpp's server both
@@ -437,62 +460,69 @@ class Tokenizer:
         references agree (no special text in messages) our ids are theirs; a
         message's special text is encoded as ``split_special_tokens`` would.
         """
-        return self.encode_rendered_chat(messages, lambda m: self.apply_chat_template(m, add_generation_prompt))
+        data = template_data(tools, chat_template_kwargs)
+        return self.encode_rendered_chat(
+            messages, lambda m, d: self._render_chat(m, add_generation_prompt, d), data)
 
     def encode_rendered_chat(
-        self, messages: Sequence[Mapping[str, Any]], render: Callable[[list[dict[str, Any]]], str]
+        self, messages: Sequence[Mapping[str, Any]], render: Callable[[list[dict[str, Any]], dict[str, Any]], str],
+        data: Mapping[str, Any] | None = None,
     ) -> list[int]:
-        """Encode ``render(messages)``: the layout's special tokens as control tokens,
-        the messages' text as ordinary text.
+        """Encode ``render(messages, data)``: the layout's special tokens as control tokens,
+        the messages' (and ``data``'s) text as ordinary text; no BOS is added.
 
-        ``render`` lays out a prompt from messages (the chat template, or
-        :func:`.chat.render_chatml`). It is called twice: once on the real
-        messages, and once on copies whose every non-empty string (except the
-        role) is replaced by a placeholder unique to this call. The placeholders show
-        where message text lands in the rendering; the text around them is the
-        layout. Special tokens are looked for only in the layout, then each
-        run of ordinary text — layout and message text together, just as
-        ``encode`` would see it, so the BPE pieces at the seams are the same —
+        ``render`` lays out a prompt from messages and the caller's template data
+        (tools, template variables: untrusted like the messages), e.g. the chat
+        template or :func:`.chat.render_chatml`. It is called twice: once on the
+        real messages and data, and once on copies whose every non-empty string is
+        replaced by a placeholder unique to this call — except a message's role
+        and a ``type`` that is one of a few fixed words (``text``, ``function``,
+        JSON-schema types), which templates compare and which hold no special
+        token. The placeholders show where user text lands in the rendering; the
+        text around them is the layout. Special tokens are looked for only in the
+        layout, then each run of ordinary text — layout and user text together,
+        just as ``encode`` would see it, so the pieces at the seams are the same —
         is encoded without special tokens.
 
-        If the rendering does not hold each message string verbatim (a
-        template that trims, escapes or splits it), the placeholders cannot be
+        If the rendering does not hold each string verbatim (a template that
+        trims, escapes or splits it, or compares it), the placeholders cannot be
         trusted; then the real rendering is encoded normally if that finds
-        exactly the special tokens the placeholder rendering has, and
-        otherwise ``ValueError`` is raised rather than risk message text
-        becoming control tokens.
+        exactly the special tokens the placeholder rendering has, and otherwise
+        ``ValueError`` is raised rather than risk user text becoming control tokens.
         """
         check_messages(messages)
+        data = dict(data or {})
         digits = f"{secrets.randbelow(10**12):012d}"
         strings: list[str] = []
 
-        def mask(value: Any) -> Any:
+        def mask(value: Any, key: str | None = None) -> Any:
             if isinstance(value, str) and value:  # "" stays "", so `{% if message.content %}` still works
+                if key in ("role", "type") and value in LAYOUT_WORDS \
+                        and not any(isinstance(p, int) for p in self.split_special(value)):
+                    return value  # a word templates compare (`item.type == 'text'`), not free text
                 strings.append(value)
                 return f"\ue000{digits}#{len(strings) - 1}\ue001"
             if isinstance(value, Mapping):
-                return {k: mask(v) for k, v in value.items()}
+                return {k: mask(v, k) for k, v in value.items()}
             if isinstance(value, (list, tuple)):
                 return [mask(v) for v in value]
             return value
 
-        # every string a message carries (content, a name, tool calls...) except its role, one of four words
-        masked = [{k: v if k == "role" else mask(v) for k, v in m.items()} for m in messages]
-        real = render([dict(m) for m in messages])
-        layout = render(masked)
+        real = render([dict(m) for m in messages], data)
+        layout = render(mask(list(messages)), mask(data))
         parts = PLACEHOLDER.split(layout)  # layout text, digits, string index, layout text, ...
         layout_texts, found_digits, indices = parts[::3], parts[1::3], parts[2::3]
         if any(d != digits for d in found_digits):  # the template itself holds something like a placeholder
             return self._encode_rendering_checked(real, layout)
-        texts = [layout_texts[0]]  # layout text, message string, layout text, ..., layout text
+        texts = [layout_texts[0]]  # layout text, user string, layout text, ..., layout text
         for index, text in zip(indices, layout_texts[1:]):
             texts += [strings[int(index)], text]
-        if "".join(texts) != real:  # message text was not inserted verbatim (or a placeholder was cut)
+        if "".join(texts) != real:  # user text was not inserted verbatim (or a placeholder was cut)
             return self._encode_rendering_checked(real, layout)
-        ids = self._bos()
+        ids: list[int] = []
         run: list[str] = []  # ordinary text waiting to be encoded in one piece
         for k, text in enumerate(texts):
-            # message strings (odd k) are text: only user-defined tokens, which control nothing, are matched
+            # user strings (odd k) are text: only user-defined tokens, which control nothing, are matched
             for piece in self.split_special(text, allow_special=not k % 2):
                 if isinstance(piece, int):
                     if run:
@@ -515,13 +545,15 @@ class Tokenizer:
                 "prompt holds other special tokens than the template's own, so message text could become "
                 "control tokens; remove special-token text (e.g. '<|im_end|>') from the messages"
             )
-        return self._bos() + self.encode(real, allow_special=True)
+        return self.encode(real, allow_special=True)
 
     def count_chat_tokens(
-        self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True
+        self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True, *,
+        tools: Sequence[Mapping[str, Any]] | None = None, chat_template_kwargs: Mapping[str, Any] | None = None,
     ) -> int:
-        """How many tokens the chat prompt takes: ``len(encode_chat(messages))``."""
-        return len(self.encode_chat(messages, add_generation_prompt))
+        """How many tokens the chat prompt takes: ``len(encode_chat(messages, ...))``."""
+        return len(self.encode_chat(messages, add_generation_prompt, tools=tools,
+                                    chat_template_kwargs=chat_template_kwargs))
 
     def __repr__(self) -> str:
         pre = f", pre={self.pre.name!r}" if self.pre is not None else ""
