@@ -246,7 +246,8 @@ def test_an_unsupported_gguf_architecture_is_refused(tmp_path, arch):
         md = {k: v for k, v in md.items() if not k.startswith("llama.")}
     md["general.architecture"] = arch
     path = write(tmp_path / f"{arch}.gguf", md, tensors)
-    with pytest.raises(ConfigError, match=rf"architecture '{arch}' is not supported \(supported: llama\)") as e:
+    supported = r"llama, qwen2, qwen3, phi3, gemma2, gemma3"
+    with pytest.raises(ConfigError, match=rf"architecture '{arch}' is not supported \(supported: {supported}\)") as e:
         llmrs.load(path, backend="numpy")
     assert "lacks" not in str(e.value)
 
@@ -259,7 +260,7 @@ def test_an_unsupported_hf_model_type_is_refused(tmp_path):
     config = json.loads((out / "config.json").read_text())
     config["model_type"] = "gpt2"
     (out / "config.json").write_text(json.dumps(config))
-    with pytest.raises(ConfigError, match=r"architecture 'gpt2' is not supported \(supported: llama\)"):
+    with pytest.raises(ConfigError, match=r"model_type 'gpt2' is not supported \(supported: llama, mistral, qwen2"):
         llmrs.load(out, backend="numpy")
 
 
