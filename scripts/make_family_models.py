@@ -326,7 +326,6 @@ def _hf_greedy(model, prompt: np.ndarray) -> np.ndarray:
 
 def _quirk_costs(fam: Family, base: np.ndarray, ids: np.ndarray) -> dict[str, float]:
     """max |logits - logits with one quirk switched off| / max |logits|: what a test would see."""
-    import torch
 
     variants: dict[str, dict[str, Any]] = {}
     rs = fam.config.get("rope_scaling")
@@ -353,10 +352,53 @@ def _quirk_costs(fam: Family, base: np.ndarray, ids: np.ndarray) -> dict[str, fl
         other = _build(Family(**{**fam.__dict__, "config": {**fam.config, **change}}))
         # same weights: the changed config does not change any tensor's shape
         other.load_state_dict(_build(fam).state_dict())
-        with torch.no_grad():
-            logits = _hf_logits(other, ids)
-        costs[label] = float(np.abs(logits - base).max() / np.abs(base).max())
+        costs[label] = _cost(other, base, ids)
+    for label, edit in _module_edits(fam).items():
+        other = _build(fam)
+        edit(other)
+        costs[label] = _cost(other, base, ids)
     return costs
+
+
+def _cost(model, base: np.ndarray, ids: np.ndarray) -> float:
+    return float(np.abs(_hf_logits(model, ids) - base).max() / np.abs(base).max())
+
+
+def _module_edits(fam: Family) -> dict[str, Any]:
+    """Quirks that live in weights or modules rather than in the config: switched off in place."""
+    import torch
+
+    def layers(model):
+        return model.model.layers
+
+    def zero_biases(model):
+        with torch.no_grad():
+            for layer in layers(model):
+                for proj in ("q_proj", "k_proj", "v_proj"):
+                    getattr(layer.self_attn, proj).bias.zero_()
+
+    def no_qk_norm(model):
+        for layer in layers(model):
+            layer.self_attn.q_norm = torch.nn.Identity()
+            layer.self_attn.k_norm = torch.nn.Identity()
+
+    def no_post_norms(model):
+        for layer in layers(model):
+            layer.post_attention_layernorm = torch.nn.Identity()
+            layer.post_feedforward_layernorm = torch.nn.Identity()
+
+    def no_embed_scale(model):
+        model.model.embed_tokens.embed_scale.fill_(1.0)
+
+    edits = {}
+    if fam.name == "qwen2":
+        edits["no q/k/v biases"] = zero_biases
+    if fam.name in ("qwen3", "gemma3"):
+        edits["no q/k norm"] = no_qk_norm
+    if fam.name.startswith("gemma"):
+        edits["no post-attention/post-FFN norms"] = no_post_norms
+        edits["no embedding scale sqrt(hidden)"] = no_embed_scale
+    return edits
 
 
 def make_hf(names: list[str]) -> None:
