@@ -12,7 +12,9 @@
     load           load_tokenizer: the tokenizer of any GGUF file (vocab-only too) or HF directory
     word_cache    the bounded (least-recently-used) cache of words' ids
     streaming     detokenising a token stream without ever emitting broken UTF-8
-    chat          chat templates (jinja2, sandboxed), a ChatML assembler, token budgets
+    chat          chat templates, a ChatML assembler, token budgets
+    template      the chat-template sandbox: bounded Jinja2 with what transformers gives templates
+    messages      what a template may be given (messages, tools, chat_template_kwargs), checked
 """
 
 from .bpe import bpe_merge_word, decode_ordinary, encode_ordinary, train_bpe
