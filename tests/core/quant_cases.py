@@ -61,3 +61,27 @@ def make_case(name: str) -> np.ndarray:
     else:
         raise KeyError(name)
     return x.astype(np.float32)
+
+
+# -- the model scripts/make_quant_mixes.py quantises with llama.cpp ------------------
+
+#: rows of 256 and 512, so every K-quant and IQ4_XS applies (no fallback types); three layers,
+#: so llama.cpp's "more bits" rule (the last layer of three) treats the layers differently
+MIX_MODEL = dict(vocab_size=257, hidden_size=256, intermediate_size=512, n_layers=3, n_heads=4, n_kv_heads=2,
+                 context_length=512, rope_theta=10000.0, rms_norm_eps=1e-5)
+MIX_SEED = 28
+
+
+def write_mix_source(path) -> None:
+    """Write the F32 model the mixes are made from (random weights of seed :data:`MIX_SEED`, the
+    byte-level tokenizer of ``llmrs_core.testing``)."""
+    from llmrs_core.formats.gguf import GGUFField, GGUFValueType, write_gguf
+    from llmrs_core.testing import byte_level_tokenizer_metadata, tiny_llama_metadata, tiny_llama_tensors
+
+    metadata = tiny_llama_metadata(**MIX_MODEL) | byte_level_tokenizer_metadata()
+    # llama.cpp reads the merges only as an array of strings and the token types only as int32;
+    # the writer would infer other types (an empty list, non-negative ints), so they are given
+    metadata["tokenizer.ggml.merges"] = GGUFField([], GGUFValueType.ARRAY, GGUFValueType.STRING)
+    metadata["tokenizer.ggml.token_type"] = GGUFField(metadata["tokenizer.ggml.token_type"], GGUFValueType.ARRAY,
+                                                      GGUFValueType.INT32)
+    write_gguf(path, metadata, tiny_llama_tensors(**MIX_MODEL, seed=MIX_SEED))
