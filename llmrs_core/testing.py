@@ -159,9 +159,23 @@ def backend_with(**ops: Any):
         raise ValueError(f"unknown backend operations: {sorted(unknown)}")
     backend = NumpyBackend()
     for name, fn in ops.items():
+        if name == "attention":  # chapter 3's (q, k, v): a family's options take the reference
+            fn = _llama_attention(fn, backend)
         setattr(backend, name, fn)
     backend.name = "numpy+" + "+".join(sorted(ops))
     return backend
+
+
+def _llama_attention(fn: Any, backend: Any) -> Any:
+    """``fn(q, k, v)`` as a backend's ``attention(q, k, v, options)``: used for Llama's attention
+    (no options), the reference for a family's window or soft-cap."""
+    from .attention import PLAIN
+    from .backends.numpy_backend import NumpyBackend
+
+    def attention(q: Any, k: Any, v: Any, options: Any = PLAIN) -> Any:
+        return fn(q, k, v) if options.plain else NumpyBackend.attention(backend, q, k, v, options)
+
+    return attention
 
 
 def naive_llama(w: dict, p: dict, ids: list[int]) -> tuple[np.ndarray, list[np.ndarray]]:
