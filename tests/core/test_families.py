@@ -72,13 +72,17 @@ def test_logits_match_llamacpp(family, backend):
     assert err <= bound, f"{family} ({backend}): logits differ from llama.cpp's by {err:.2e}"
 
 
-def test_greedy_tokens_match_transformers(family):
+@pytest.mark.parametrize("reference", ["hf", "llamacpp"])
+def test_greedy_tokens_match_the_references(family, reference):
+    """32 greedy tokens from the same prompt as transformers' ``generate`` and llama.cpp's."""
     g = golden(family)
+    if f"{reference}_greedy" not in g:
+        pytest.skip(f"{family}: no {reference} greedy tokens in the fixture")
     model = llmrs.load(source(family, "gguf"), backend="numba")
     prompt = [int(i) for i in g["hf_prompt"]]
-    want = [int(i) for i in g["hf_greedy"]]
+    want = [int(i) for i in g[f"{reference}_greedy"]]
     got = model.generate(prompt, max_tokens=len(want)).token_ids
-    assert got == want[:len(got)], f"{family}: greedy tokens differ from transformers' at step " \
+    assert got == want[:len(got)], f"{family}: greedy tokens differ from {reference}'s at step " \
         f"{next(i for i, (a, b) in enumerate(zip(got, want)) if a != b)}"
     if len(got) < len(want):  # stopped early: only at an end-of-generation token
         assert want[len(got)] in model._stop_token_ids()
