@@ -8,7 +8,7 @@
 #   make progress              every exercise: not started, failing or passing; used by the engine?
 #   make reset E=1.6           put back the stubs of one exercise (your file is backed up first)
 #   make test-portable         the engine's numeric tests with Numba compiling for haswell, then generic
-#   make nbval-portable        the notebooks of chapters 3-11 with Numba compiling for haswell (run after editing one)
+#   make nbval-portable        the notebooks of chapters 3-11 and appendix B with Numba compiling for haswell (run after editing one)
 #   make fetch-vocab           llama.cpp's vocab test files into .cache/llama-vocab (make test fetches them)
 #   make check-env             [OK]/[FAIL] for Python, dependencies, model, GPU
 #   make gpu-check             on a machine with an NVIDIA GPU: chapter 9's GPU check (table + JSON)
@@ -211,11 +211,13 @@ nbval: fetch
 # an AVX2 machine it is `make nbval` on these notebooks. Run it whenever a notebook changed (README,
 # "Notebook outputs"). 849 s on 2 AVX2 cores shared with other work.
 # Chosen: the chapters whose checked cells compare or print what SmolLM2 or a tiny model computes (3-11:
-# the NumPy and Numba backends, BLAS, the int8 path, TP/PP, the CUDA simulator against NumPy). Left out:
+# the NumPy and Numba backends, BLAS, the int8 path, TP/PP, the CUDA simulator against NumPy; appendix B:
+# every family's tiny model against transformers, on NumPy and BLAS). Left out:
 # chapters 0-2 and 12, appendix A and the conclusion, whose checked cells print configurations, shapes,
 # the tokenizer's ids, counts, HTTP exchanges with ignore_eos, and stored runs: no float arithmetic.
 NBVAL_PORTABLE_NOTEBOOKS := $(foreach c,ch03_attention ch04_inference_loop ch05_kv_cache ch06_quantization \
-                              ch07_batching ch08_cpu_optimization ch09_gpu ch10_model_formats ch11_distributed_serving,\
+                              ch07_batching ch08_cpu_optimization ch09_gpu ch10_model_formats ch11_distributed_serving \
+                              appendix_b_model_families,\
                               chapters/$(c)/$(c).ipynb)
 .PHONY: nbval-portable
 nbval-portable: fetch

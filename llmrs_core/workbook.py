@@ -43,7 +43,7 @@ CHAPTERS: dict[int, str] = {
     12: "ch12_production",
 }
 # folders without a chapter number (no exercises)
-EXTRA_FOLDERS = ("appendix_a_benchmarking", "conclusion")
+EXTRA_FOLDERS = ("appendix_a_benchmarking", "appendix_b_model_families", "conclusion")
 
 
 def find_root(start: Path | None = None) -> Path:
