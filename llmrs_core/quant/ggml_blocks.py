@@ -50,13 +50,6 @@ def _round_half_away(v: np.ndarray) -> np.ndarray:
     return np.sign(v) * np.floor(np.abs(v) + np.float32(0.5))
 
 
-def _signed_peak(blocks: np.ndarray) -> np.ndarray:
-    """``[n, 32]`` -> ``[n, 1]``: the first value of largest magnitude, with its sign; +0.0 for a
-    block of zeros (ggml starts from +0.0 and keeps it, so a block of -0.0 gets d = -0.0)."""
-    peak = np.take_along_axis(blocks, np.abs(blocks).argmax(axis=1)[:, None], axis=1)
-    return np.where(peak == 0, np.float32(0), peak)
-
-
 def _first_min_max(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """``[n, 32]`` -> the first smallest and first largest value, ``[n, 1]`` each: as ggml's loop
     finds them, so that the sign of a zero (stored in Q4_1/Q5_1's fp16 ``m``) is ggml's."""
@@ -88,7 +81,8 @@ def quantize_q8_0(x: np.ndarray) -> np.ndarray:
 
 def quantize_q4_0(x: np.ndarray) -> np.ndarray:
     blocks, shape = _as_blocks(x)
-    biggest = _signed_peak(blocks)
+    biggest = np.take_along_axis(blocks, np.abs(blocks).argmax(axis=1)[:, None], axis=1)
+    biggest = np.where(biggest == 0, np.float32(0), biggest)  # ggml keeps +0.0 for a block of zeros
     d = biggest / np.float32(-8)
     codes = np.trunc(blocks * _inverse(d) + np.float32(8.5))
     q = np.minimum(codes, 15).astype(np.uint8)
@@ -118,7 +112,8 @@ def _pack_five_bits(q: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 def quantize_q5_0(x: np.ndarray) -> np.ndarray:
     blocks, shape = _as_blocks(x)
-    biggest = _signed_peak(blocks)
+    biggest = np.take_along_axis(blocks, np.abs(blocks).argmax(axis=1)[:, None], axis=1)
+    biggest = np.where(biggest == 0, np.float32(0), biggest)  # ggml keeps +0.0 for a block of zeros
     d = biggest / np.float32(-16)
     # (int8_t)(x*id + 16.5): a truncation toward zero, always >= 0 here since x*id >= -16
     codes = np.trunc(blocks * _inverse(d) + np.float32(16.5))

@@ -114,37 +114,27 @@ def test_logits_agree_with_llamacpp(mix, golden):
     assert kl.max() <= delta**2 / 2, f"{mix}: KL divergence up to {kl.max():.2e}"
 
 
-Q8_K_ACTIVATIONS = {"Q4_K", "Q6_K"}
-
-
-class LlamaCppActivations(NumpyBackend):
-    """The NumPy backend with llama.cpp's activation rounding before the Q4_K and Q6_K products
-    (``quantize_row_q8_K_ref``: per 256 values, ``q = min(127, round(-127 x / peak))``,
+class Q8KActivations(NumpyBackend):
+    """The NumPy backend with llama.cpp's activation rounding before every product, as before a
+    K-quant matrix (``quantize_row_q8_K_ref``: per 256 values, ``q = min(127, round(-127 x / peak))``,
     ``x ~ q / (-127 / peak)`` where ``peak`` is the value of largest magnitude)."""
 
-    def __init__(self):
-        super().__init__()
-        self.types: dict[int, tuple[np.ndarray, str]] = {}
-
-    def load_matrix(self, source, name):
-        w = super().load_matrix(source, name)
-        self.types[id(w)] = (w, source.tensors[name].type_name)  # w kept alive: ids stay unique
-        return w
-
     def matmul(self, x, w):
-        if self.types.get(id(w), (None, ""))[1] in Q8_K_ACTIVATIONS:
-            b = x.reshape(-1, 256).astype(np.float32)
-            peak = b[np.arange(len(b)), np.abs(b).argmax(axis=1)][:, None]
-            with np.errstate(divide="ignore", invalid="ignore"):
-                iscale = np.float32(-127) / peak
-                q = np.minimum(np.rint(iscale * b), 127)
-                x = np.where(peak == 0, np.float32(0), q * (np.float32(1) / iscale)).astype(np.float32).reshape(x.shape)
-        return super().matmul(x, w)
+        b = x.reshape(-1, 256).astype(np.float32)
+        peak = b[np.arange(len(b)), np.abs(b).argmax(axis=1)][:, None]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            iscale = np.float32(-127) / peak
+            q = np.minimum(np.rint(iscale * b), 127)
+            rounded = np.where(peak == 0, np.float32(0), q * (np.float32(1) / iscale))
+        return super().matmul(rounded.astype(np.float32).reshape(x.shape), w)
 
 
 def test_q4_k_m_with_llamacpps_activation_rounding_equals_llamacpp(golden):
     # Rounding the activations as llama.cpp does (8-bit Q8_K before the Q4_K and Q6_K products)
     # leaves only float32 rounding: the weights, the dequantisation and the rest are the same.
-    ours = our_logits(GOLDEN / "Q4_K_M.gguf", golden["ids"].tolist(), LlamaCppActivations())
-    config = read_gguf(GOLDEN / "Q4_K_M.gguf").config
+    source = read_gguf(GOLDEN / "Q4_K_M.gguf")
+    matrices = {info.type_name for info in source.tensors.values() if len(info.shape) == 2}
+    assert matrices == {"Q4_K", "Q6_K"}  # every product is a K-quant one
+    ours = our_logits(GOLDEN / "Q4_K_M.gguf", golden["ids"].tolist(), Q8KActivations())
+    config = source.config
     assert normalised_error(ours, golden["Q4_K_M_logits"]) <= float32_tolerance(config)
