@@ -60,6 +60,21 @@ def is_complete(directory: Path | None = None) -> bool:
             and all((directory / f"ggml-vocab-{v}.gguf{ext}").exists() for v in VOCABS for ext in ("", ".inp", ".out")))
 
 
+def vocab_vectors(name: str, directory: Path | None = None) -> list[tuple[str, list[int]]]:
+    """llama.cpp's test vectors of ``ggml-vocab-{name}.gguf``: ``[(text, ids), ...]``.
+
+    ``.inp`` holds the inputs joined by ``"\\n__ggml_vocab_test__\\n"`` (the last, empty
+    piece dropped), ``.out`` one line of ids per input; ``ValueError`` naming the file
+    if the two do not pair up.
+    """
+    stem = (vocab_dir() if directory is None else directory) / f"ggml-vocab-{name}.gguf"
+    inputs = stem.with_name(stem.name + ".inp").read_text(encoding="utf-8").split("\n__ggml_vocab_test__\n")[:-1]
+    lines = stem.with_name(stem.name + ".out").read_text(encoding="utf-8").split("\n")[: len(inputs)]
+    if len(lines) != len(inputs):
+        raise ValueError(f"{stem}: {len(inputs)} inputs in .inp, {len(lines)} lines of ids in .out")
+    return [(text, [int(x) for x in line.split()]) for text, line in zip(inputs, lines)]
+
+
 def download_sdist(dest: Path) -> Path:
     """``pip download`` the pinned sdist into ``dest``; its path."""
     import subprocess

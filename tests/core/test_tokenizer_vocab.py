@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 import llmrs_core as llmrs
 from llmrs_core.testing import first_difference
 from llmrs_core.tokenizer import Tokenizer
-from llmrs_core.vocab_fetch import FETCH_COMMAND, is_complete, vocab_dir
+from llmrs_core.vocab_fetch import FETCH_COMMAND, is_complete, vocab_dir, vocab_vectors
 
 BPE_VOCABS = ("llama-bpe", "qwen2", "qwen35", "gpt-2", "starcoder", "refact", "command-r",
               "deepseek-coder", "deepseek-llm", "falcon", "mpt")
@@ -52,13 +52,8 @@ def load(vocab_files):
 
 
 def vectors(directory: Path, name: str) -> list[tuple[str, list[int]]]:
-    """llama.cpp's vectors: inputs joined by "\\n__ggml_vocab_test__\\n" (last, empty piece dropped),
-    one line of ids per input."""
-    stem = directory / f"ggml-vocab-{name}.gguf"
-    inputs = stem.with_name(stem.name + ".inp").read_text(encoding="utf-8").split("\n__ggml_vocab_test__\n")[:-1]
-    lines = stem.with_name(stem.name + ".out").read_text(encoding="utf-8").split("\n")[: len(inputs)]
-    assert len(lines) == len(inputs), f"{stem}: {len(inputs)} inputs, {len(lines)} lines of ids"
-    return [(text, [int(x) for x in line.split()]) for text, line in zip(inputs, lines)]
+    """llama.cpp's vectors of one vocabulary (:func:`~llmrs_core.vocab_fetch.vocab_vectors`)."""
+    return vocab_vectors(name, directory)
 
 
 EXPECTED_COUNT = {name: 46 for name in VOCABS} | {"qwen35": 50}

@@ -34,3 +34,18 @@ def test_a_complete_cache_is_not_fetched_again(tmp_path, monkeypatch):
 def test_vocab_dir_follows_the_environment(tmp_path, monkeypatch):
     monkeypatch.setenv("LLMRS_VOCAB_DIR", str(tmp_path / "v"))
     assert vocab_fetch.vocab_dir() == tmp_path / "v"
+
+
+def test_vectors_pair_inputs_with_lines_of_ids(tmp_path):
+    sep = "\n__ggml_vocab_test__\n"
+    (tmp_path / "ggml-vocab-x.gguf.inp").write_text("Hello" + sep + "" + sep + " a\nb" + sep, encoding="utf-8")
+    (tmp_path / "ggml-vocab-x.gguf.out").write_text("1 2\n\n3 4 5\n", encoding="utf-8")
+    assert vocab_fetch.vocab_vectors("x", tmp_path) == [("Hello", [1, 2]), ("", []), (" a\nb", [3, 4, 5])]
+
+
+def test_vectors_that_do_not_pair_up_are_refused_naming_the_file(tmp_path):
+    sep = "\n__ggml_vocab_test__\n"
+    (tmp_path / "ggml-vocab-x.gguf.inp").write_text("a" + sep + "b" + sep, encoding="utf-8")
+    (tmp_path / "ggml-vocab-x.gguf.out").write_text("1", encoding="utf-8")
+    with pytest.raises(ValueError, match=r"ggml-vocab-x\.gguf: 2 inputs in \.inp, 1 lines of ids"):
+        vocab_fetch.vocab_vectors("x", tmp_path)
