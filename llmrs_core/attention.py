@@ -50,11 +50,16 @@ def softmax(x: np.ndarray, axis: int = -1) -> np.ndarray:
     return e / np.where(s == 0, 1.0, s)
 
 
-def causal_mask(tq: int, tk: int, window: int = 0) -> np.ndarray:
-    """``[tq, tk]`` boolean, True where query ``i`` may attend key ``j``: ``j <= (tk - tq) + i``,
-    and with a sliding ``window`` > 0 also ``(tk - tq) + i - j < window``."""
+def causal_mask(tq: int, tk: int) -> np.ndarray:
+    """``[tq, tk]`` boolean, True where query ``i`` may attend key ``j``: ``j <= (tk - tq) + i``."""
+    return np.arange(tk)[None, :] <= (tk - tq) + np.arange(tq)[:, None]
+
+
+def sliding_window_mask(tq: int, tk: int, window: int) -> np.ndarray:
+    """:func:`causal_mask` that also hides keys ``window`` or more positions before the query
+    (Gemma's local layers): True where ``0 <= (tk - tq) + i - j < window``."""
     distance = (tk - tq) + np.arange(tq)[:, None] - np.arange(tk)[None, :]
-    return (distance >= 0) & (distance < window) if window > 0 else distance >= 0
+    return (distance >= 0) & (distance < window)
 
 
 def _check_shapes(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> int:
@@ -70,10 +75,17 @@ def _check_shapes(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> int:
 
 
 def scaled_dot_product_attention(
+    q: np.ndarray, k: np.ndarray, v: np.ndarray, causal: bool = True
+) -> np.ndarray:
+    """``softmax(q k^T / sqrt(D) + mask) v`` per head, with GQA. Returns ``[Tq, Hq, D]``."""
+    return attention_with_options(q, k, v, causal, PLAIN)
+
+
+def attention_with_options(
     q: np.ndarray, k: np.ndarray, v: np.ndarray, causal: bool = True, options: AttentionOptions = PLAIN
 ) -> np.ndarray:
-    """``softmax(q k^T / sqrt(D) + mask) v`` per head, with GQA. Returns ``[Tq, Hq, D]``.
-    ``options``: a family's window, soft-cap and scale (:class:`AttentionOptions`)."""
+    """:func:`scaled_dot_product_attention` with a family's window, soft-cap and scale
+    (:class:`AttentionOptions`, appendix B); with ``PLAIN`` options, the same function."""
     group = _check_shapes(q, k, v)
     tq, hq, d = q.shape
     tk, hkv, _ = k.shape
@@ -87,7 +99,8 @@ def scaled_dot_product_attention(
         cap = np.float32(options.softcap)
         scores = cap * np.tanh(scores / cap)
     if causal:
-        scores = np.where(causal_mask(tq, tk, options.window), scores, -np.inf)
+        mask = sliding_window_mask(tq, tk, options.window) if options.window else causal_mask(tq, tk)
+        scores = np.where(mask, scores, -np.inf)
     out = softmax(scores) @ v.transpose(1, 0, 2)[:, None]  # [Hkv, group, Tq, D]
     return out.transpose(2, 0, 1, 3).reshape(tq, hq, d).astype(q.dtype, copy=False)
 

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from llmrs_core.config import ConfigError  # raise this for an impossible config
+from llmrs_core.families import Family, family
 
 if TYPE_CHECKING:
     from llmrs_core.formats.gguf import GGUFFile
@@ -52,6 +53,10 @@ class ModelConfig:
         rms_norm_eps: epsilon added inside RMSNorm's square root.
         tie_embeddings: the output head reuses the token embedding matrix.
         architecture: model family, as GGUF's ``general.architecture`` names it.
+
+    The fields after ``architecture`` are other model families' (appendix B: Qwen's biases,
+    Gemma's sliding window, ...). They are given, with Llama's values as defaults: leave them;
+    your ``from_gguf`` and ``from_hf_config`` need not set them for SmolLM2.
     """
 
     vocab_size: int
@@ -66,6 +71,27 @@ class ModelConfig:
     rms_norm_eps: float
     tie_embeddings: bool
     architecture: str = "llama"
+    qkv_bias: bool = False
+    rotary_dim: int = 0
+    rope_scale: float = 1.0
+    rope_original_context: int = 0
+    rope_attn_factor: float = 1.0
+    rope_theta_swa: float = 0.0
+    sliding_window: int = 0
+    swa_layers: tuple[int, ...] = ()
+    attn_softcap: float = 0.0
+    final_softcap: float = 0.0
+    attn_scale: float = 0.0
+
+    @property
+    def family(self) -> Family:
+        """The switches of this config's architecture (appendix B; given)."""
+        return family(self.architecture)
+
+    @property
+    def rope_dims(self) -> int:
+        """How many dimensions of each head RoPE rotates (appendix B; given)."""
+        return self.rotary_dim or self.head_dim
 
     @classmethod
     def from_gguf(cls, gguf: GGUFFile) -> ModelConfig:

@@ -51,7 +51,7 @@ import numpy as np
 from numba import njit, prange
 
 from .. import layers
-from ..attention import PLAIN, AttentionOptions, scaled_dot_product_attention
+from ..attention import PLAIN, AttentionOptions, attention_with_options
 from ..kernels.cpu import matmul as kmatmul
 from ..kernels.cpu import ops
 from ..kernels.cpu.int8 import int8_instructions, int8_rows, int8_unavailable, matmul_int8
@@ -227,7 +227,7 @@ class NumbaBackend(Backend):
         self.blas.set(self.threads)
         try:
             if not options.plain:  # the families' options live in the reference and the Numba kernel
-                return scaled_dot_product_attention(q, k, v, causal=True, options=options)
+                return attention_with_options(q, k, v, causal=True, options=options)
             return ops.attention_prefill(q, k, v)
         finally:
             self.blas.set(1)

@@ -44,4 +44,4 @@ class NumpyBackend(Backend):
 
     def attention(self, q: np.ndarray, k: np.ndarray, v: np.ndarray,
                   options: AttentionOptions = PLAIN) -> np.ndarray:
-        return attention.scaled_dot_product_attention(q, k, v, causal=True, options=options)
+        return attention.attention_with_options(q, k, v, causal=True, options=options)
