@@ -480,7 +480,9 @@ class Tokenizer:
         JSON-schema types), which templates compare and which hold no special
         token. The placeholders show where user text lands in the rendering; the
         text around them is the layout. Special tokens are looked for only in the
-        layout, then each run of ordinary text — layout and user text together,
+        layout (a user string may hold a user-defined token, as plain encoding
+        finds them, but never one the layout writes: command-r's turn markers are
+        user-defined), then each run of ordinary text — layout and user text together,
         just as ``encode`` would see it, so the pieces at the seams are the same —
         is encoded without special tokens.
 
@@ -521,9 +523,16 @@ class Tokenizer:
             return self._encode_rendering_checked(real, layout)
         ids: list[int] = []
         run: list[str] = []  # ordinary text waiting to be encoded in one piece
+        # the tokens the layout itself writes: a user string holding one is all ordinary text, even where
+        # the token is user-defined (command-r's <|START_OF_TURN_TOKEN|>, which plain encoding matches)
+        layout_tokens = {p for t in layout_texts for p in self.split_special(t) if isinstance(p, int)}
         for k, text in enumerate(texts):
-            # user strings (odd k) are text: only user-defined tokens, which control nothing, are matched
-            for piece in self.split_special(text, allow_special=not k % 2):
+            # user strings (odd k) are text: only user-defined tokens the layout does not use are matched
+            pieces = self.split_special(text, allow_special=not k % 2)
+            if k % 2 and any(isinstance(p, int) and p in layout_tokens for p in pieces):
+                run.append(text)
+                continue
+            for piece in pieces:
                 if isinstance(piece, int):
                     if run:
                         ids.extend(self._encode_plain("".join(run)))
