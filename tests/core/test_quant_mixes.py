@@ -9,7 +9,15 @@ each file. Here, without llama.cpp:
   writes every tensor of every mix byte for byte;
 * our dequantiser gives gguf-py's floats, bit for bit;
 * our model's logits on each file agree with llama.cpp's: the same top token at every
-  position, and a KL divergence within what llama.cpp's 8-bit activations explain.
+  position (or a near tie), and a KL divergence within what llama.cpp's 8-bit activations explain.
+
+Why not closer: llama.cpp rounds the activations to 8 bits before every quantised product (the
+type's ``vec_dot_type``); we do not. Reproducing that rounding in NumPy (Q8_K before the Q4_K
+and Q6_K products) brought Q4_K_M to 7e-7 of llama.cpp at all 48 positions, but not as a test:
+this tiny random model is so sensitive to the rounding that a 1e-6 relative change of the
+activations before it (another BLAS thread count, roundf against round-half-even) flips a
+code and moves the logits by 1.7e-2 from that position on. The other mixes, with the same
+reproduction, agree to 3e-7 up to such a position (Q5_0: 11, Q5_K_M: 15, Q2_K: 30 of 48).
 """
 
 from __future__ import annotations
@@ -23,9 +31,7 @@ import numpy as np
 import pytest
 
 import llmrs_core as llmrs
-from llmrs_core.backends.numpy_backend import NumpyBackend
 from llmrs_core.formats.gguf import read_gguf
-from llmrs_core.model import LlamaModel
 from llmrs_core.quant import registry
 from llmrs_core.testing import float32_tolerance, normalised_error
 from tests.core.quant_cases import write_mix_source
@@ -77,12 +83,9 @@ def kl_divergence(p_logits: np.ndarray, q_logits: np.ndarray) -> np.ndarray:
     return (np.exp(lp) * (lp - lq)).sum(axis=1)
 
 
-def our_logits(path: Path, ids: list[int], backend: NumpyBackend | None = None) -> np.ndarray:
-    """The NumPy backend's logits [T, V] (or ``backend``'s, a NumPy backend with other operations)."""
-    if backend is None:
-        return llmrs.load(path, backend="numpy").network.forward(ids)
-    source = read_gguf(path)
-    return LlamaModel(source, source.config, backend).forward(ids)
+def our_logits(path: Path, ids: list[int]) -> np.ndarray:
+    """The NumPy backend's logits [T, V]."""
+    return llmrs.load(path, backend="numpy").network.forward(ids)
 
 
 def test_f32_logits_equal_llamacpps_to_float32_rounding(f32, golden):
@@ -112,29 +115,3 @@ def test_logits_agree_with_llamacpp(mix, golden):
     # KL(p || q) ~ Var_p(logit difference) / 2 for small differences
     kl = kl_divergence(theirs, ours)
     assert kl.max() <= delta**2 / 2, f"{mix}: KL divergence up to {kl.max():.2e}"
-
-
-class Q8KActivations(NumpyBackend):
-    """The NumPy backend with llama.cpp's activation rounding before every product, as before a
-    K-quant matrix (``quantize_row_q8_K_ref``: per 256 values, ``q = min(127, round(-127 x / peak))``,
-    ``x ~ q / (-127 / peak)`` where ``peak`` is the value of largest magnitude)."""
-
-    def matmul(self, x, w):
-        b = x.reshape(-1, 256).astype(np.float32)
-        peak = b[np.arange(len(b)), np.abs(b).argmax(axis=1)][:, None]
-        with np.errstate(divide="ignore", invalid="ignore"):
-            iscale = np.float32(-127) / peak
-            q = np.minimum(np.rint(iscale * b), 127)
-            rounded = np.where(peak == 0, np.float32(0), q * (np.float32(1) / iscale))
-        return super().matmul(rounded.astype(np.float32).reshape(x.shape), w)
-
-
-def test_q4_k_m_with_llamacpps_activation_rounding_equals_llamacpp(golden):
-    # Rounding the activations as llama.cpp does (8-bit Q8_K before the Q4_K and Q6_K products)
-    # leaves only float32 rounding: the weights, the dequantisation and the rest are the same.
-    source = read_gguf(GOLDEN / "Q4_K_M.gguf")
-    matrices = {info.type_name for info in source.tensors.values() if len(info.shape) == 2}
-    assert matrices == {"Q4_K", "Q6_K"}  # every product is a K-quant one
-    ours = our_logits(GOLDEN / "Q4_K_M.gguf", golden["ids"].tolist(), Q8KActivations())
-    config = source.config
-    assert normalised_error(ours, golden["Q4_K_M_logits"]) <= float32_tolerance(config)
