@@ -67,7 +67,7 @@ def test_sizes_match_gguf_py():
             assert (type_traits(GGMLType[qtype.name]).block_size, type_traits(GGMLType[qtype.name]).type_size) \
                 == (block, size), qtype.name
             checked += 1
-    assert checked >= 30  # gguf 0.19 knows all but the newest few
+    assert checked >= 25  # gguf 0.19 knows 33 of the 34 others (not Q8_1); older versions fewer
 
 
 def test_q8_1_is_ggmls_36_bytes():
