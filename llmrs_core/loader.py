@@ -29,6 +29,7 @@ from .formats.source import WeightSource
 from .generate import Completion, generate_ids
 from .memory import check_host_allocation
 from .model import LlamaModel, check_tensors, resident_bytes
+from .quant.registry import check_computable
 from .sampling import SamplingParams
 from .tokenizer import Tokenizer
 from .validation import check_max_tokens, normalise_stop, precheck_chat, prompt_ids
@@ -64,6 +65,7 @@ class Model:
     def network(self) -> LlamaModel:
         """The weights on the backend, loaded on first use (chapter 4); a distributed rank's
         own shard of them (chapter 11)."""
+        check_computable(self.gguf)  # every tensor's type, before any weight is read (llmrs info lists them)
         if self.split is None:
             check_host_allocation(resident_bytes(self.gguf, self._backend.name),
                                   f"{self.path.name} on the {self._backend.name} backend")

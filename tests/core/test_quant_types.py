@@ -190,3 +190,15 @@ def test_llmrs_info_lists_types_it_cannot_compute(tmp_path, capsys):
     assert main(["info", str(path)]) == 0
     out = capsys.readouterr().out
     assert "1 IQ2_XXS" in out and "F32" in out
+
+
+def test_loading_a_type_the_engine_cannot_compute_is_refused_naming_the_tensor(tmp_path):
+    """``llmrs info`` opens the file; computing with it (the weights' first use) is refused
+    before any weight is read, naming the tensor, its type and the supported types."""
+    import llmrs_core as llmrs
+    from llmrs_core.config import ConfigError
+
+    path = write_model_with(tmp_path / "iq2.gguf", {"blk.0.ffn_down.weight": GGMLType.IQ2_XXS})
+    model = llmrs.load(path, backend="numpy")
+    with pytest.raises(ConfigError, match=r"blk\.0\.ffn_down\.weight \(IQ2_XXS\).*supported types: .*Q4_K"):
+        _ = model.network
