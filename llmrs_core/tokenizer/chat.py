@@ -27,7 +27,6 @@ from .messages import (
     check_template_kwargs,
     check_tools,
     message_texts,
-    template_messages,
 )
 from .template import (
     TEMPLATE_MAX_OUTPUT,
@@ -69,11 +68,13 @@ def render_chatml(
     given, a system turn with that text comes first (as SmolLM2's template does).
     """
     check_messages(messages)
+    if any(not isinstance(m.get("content"), str) for m in messages):
+        raise ValueError("render_chatml lays out text content only; give parts and tool calls to a chat template")
     parts = []
     if messages[0]["role"] != "system" and default_system is not None:
         parts.append(f"<|im_start|>system\n{default_system}<|im_end|>\n")
-    for m in template_messages(messages, join_text_parts=True):
-        parts.append(f"<|im_start|>{m['role']}\n{m.get('content', '')}<|im_end|>\n")
+    for m in messages:
+        parts.append(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n")
     if add_generation_prompt:
         parts.append("<|im_start|>assistant\n")
     return "".join(parts)
