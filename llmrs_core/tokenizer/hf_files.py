@@ -44,6 +44,8 @@ BYTE_LEVEL = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": Tr
 # Hugging Face's spelling of a case-insensitive contraction group, which llama.cpp writes out
 HF_CONTRACTIONS = "(?i:'s|'t|'re|'ve|'m|'ll|'d)"
 LLAMA_CPP_CONTRACTIONS = "(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])"
+# patterns we write in an equivalent linear-time form (see pretokenizers._TRAILING_SPACE)
+LINEAR_FORMS = {r"\s+$": r"(?<!\s)\s+$"}
 
 
 def read_json_object(path: Path) -> dict[str, Any]:
@@ -98,7 +100,8 @@ def _pre_from_hf(entry: Any, named: str | None = None) -> str | None:
                 and not step.get("invert") and isinstance(step.get("pattern"), dict)
                 and isinstance(step["pattern"].get("Regex"), str)):
             return None
-        patterns.append(literal(step["pattern"]["Regex"].replace(HF_CONTRACTIONS, LLAMA_CPP_CONTRACTIONS)))
+        pattern = literal(step["pattern"]["Regex"].replace(HF_CONTRACTIONS, LLAMA_CPP_CONTRACTIONS))
+        patterns.append(LINEAR_FORMS.get(pattern, pattern))
     # the name save_hf wrote, if its patterns are these; else the first name with these patterns
     names = [n for n in (named, *PRE_TOKENIZERS) if n in PRE_TOKENIZERS]
     return next((n for n in names if tuple(map(literal, PRE_TOKENIZERS[n].patterns)) == tuple(patterns)), None)

@@ -20,7 +20,8 @@ The differences that matter most:
 
 llama.cpp writes ``(?i:'s|...)`` out as ``'[sS]|...`` for its own regex
 engine; the two mean the same for these contractions, and we keep its form.
-Types that need llama.cpp's hand-written splitters (``kimi-k2``, ``afmoe``)
+Types that need llama.cpp's hand-written splitters (``kimi-k2``, ``afmoe``), whose pattern
+is quadratic in a run of digits (``superbpe``'s look-ahead ``(?=(\\d{3})+(?!\\d))``),
 or encode raw UTF-8 instead of bytes (``gemma4``, ``sarvam-moe``,
 ``whitespace``), or change more than the split (``chatglm-bpe``, ``glm4``: no BOS;
 ``jina-v1-en``, ``roberta-bpe``: a SEP token) are not here, and are refused by name.
@@ -58,6 +59,10 @@ _DEEPSEEK_LETTERS = (
 _DEEPSEEK_PUNCT = r"\s?[!-/:-~\uff01-\uff0f\uff1a-\uff5e\u2018-\u201f\u3000-\u3002]+"
 _CJK = r"[\u4e00-\u9fa5\u0800-\u4e00\uac00-\ud7ff]+"
 _KANA_HAN = r"[\u4e00-\u9fa5\u3040-\u309f\u30a0-\u30ff]+"
+# llama.cpp's r"\s+$", which tries every position of a whitespace run and scans to its end: quadratic
+# (20,000 spaces before a digit took 15 s). Its leftmost match always starts where the run starts, so
+# only trying there gives the same matches in linear time.
+_TRAILING_SPACE = r"(?<!\s)\s+$"
 _PORO = r" ?[^(\s|.,!?\u2026\u3002\uff0c\u3001\u0964\u06d4\u060c)]+"
 _DEEPSEEK3_MAIN = (r"[!\"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+"
                    r"| ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
@@ -101,7 +106,7 @@ class PreTokenizer:
 
 def split_isolated(text: str, patterns: tuple[regex.Pattern, ...]) -> list[str]:
     """Cut ``text`` by each pattern in turn, keeping matches and the gaps between them
-    (llama.cpp's ``unicode_regex_split``); empty matches cut nothing."""
+    (llama.cpp's ``unicode_regex_split``); an empty match cuts the text where it is."""
     pieces = [text] if text else []
     for pattern in patterns:
         out: list[str] = []
@@ -109,11 +114,10 @@ def split_isolated(text: str, patterns: tuple[regex.Pattern, ...]) -> list[str]:
             pos = 0
             for m in pattern.finditer(piece):
                 start, end = m.span()
-                if end == start:
-                    continue
                 if start > pos:
                     out.append(piece[pos:start])
-                out.append(piece[start:end])
+                if end > start:  # an empty match only cuts the text before it off
+                    out.append(piece[start:end])
                 pos = end
             if pos < len(piece):
                 out.append(piece[pos:])
@@ -137,7 +141,7 @@ def _types() -> dict[str, PreTokenizer]:
         ignore_merges=True, add_bos=True)
     add("minicpm5", (r"\p{N}{1,3}", _CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}+| ?[^\s\p{L}\p{N}]+[\r\n]*"
                      r"|\s*[\r\n]+|\s+(?!\S)|\s+"), ignore_merges=True)
-    add("deepseek-llm", ("[\r\n]", r"\s?[" + _DEEPSEEK_LETTERS + "]+", _DEEPSEEK_PUNCT, r"\s+$",
+    add("deepseek-llm", ("[\r\n]", r"\s?[" + _DEEPSEEK_LETTERS + "]+", _DEEPSEEK_PUNCT, _TRAILING_SPACE,
                          _CJK, r"\p{N}+"), **no_clean)
     add("deepseek-coder", ("[\r\n]", r"\s?\p{L}+", r"\s?\p{P}+", _CJK, r"\p{N}"), **no_clean)
     add("deepseek-v3 hunyuan-dense joyai-llm hy_v4", (r"\p{N}{1,3}", _KANA_HAN, _DEEPSEEK3_MAIN), **no_clean)
@@ -163,7 +167,6 @@ def _types() -> dict[str, PreTokenizer]:
     add("chameleon", ("<sentinel:[0-9]+>", "(IMGIMG)((A|B|C|D|E|F|G|H|I){1,4})Z", "([\\t\\n]|    |  )", r"\p{N}",
                       r"[\p{P}!-/:-@\[-`{-~]", GPT2), add_bos=True, **no_clean)
     add("gpt-4o llama4 kanana2 talkie minimax-m2", _GPT4O, **no_clean)
-    add("superbpe", (r"\p{N}+", r"(?=(\d{3})+(?!\d))"), **no_clean)
     add("bailingmoe bailingmoe2 llada-moe", r"'(?:[sSdDmMtT]|[lL][lL]|[vV][eE]|[rR][eE])|[^\r\n\p{L}\p{N}]?\p{L}+"
         r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]|\s+(?!\S)|\s+", **no_clean)
     add("seed-coder", _CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1}| ?[^\s\p{L}\p{N}\r\n]+|\s*[\r\n]+"

@@ -166,6 +166,19 @@ LONG_RUNS = {
 }
 
 
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(st.text(st.sampled_from(" \t\n\u3000a1!語"), max_size=30))
+def test_deepseeks_trailing_space_pattern_keeps_llama_cpps_matches(text):
+    """llama.cpp's r"\\s+$" is quadratic on a long run of spaces (every start tried, each scanning
+    to the run's end); we write it r"(?<!\\s)\\s+$", which must find the very same matches."""
+    import regex
+
+    from llmrs_core.tokenizer.pretokenizers import _TRAILING_SPACE
+
+    theirs = [m.span() for m in regex.finditer(r"\s+$", text)]
+    assert [m.span() for m in regex.finditer(_TRAILING_SPACE, text)] == theirs
+
+
 class CountingMapping(Mapping):
     """A mapping that counts its look-ups."""
 
