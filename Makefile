@@ -197,8 +197,10 @@ check-stubs: setup
 	$(SINGLE_THREAD) $(PYTEST) tests -q --no-header --impl learner --expect-stubs -m "not core"
 
 # inside `make test`, the notebooks' run_tests("N.M") cells say so instead of running the exercise
-# tests a second time (test-solutions runs them all on the solutions): NBVAL_RUN_TESTS=elsewhere
-nbval: fetch
+# tests a second time (test-solutions runs them all on the solutions): NBVAL_RUN_TESTS=elsewhere.
+# Chapter 2's section 2.6 runs on llama.cpp's vocab files (without them its cells only say they are
+# skipped, and their checked outputs would differ): fetch-vocab first
+nbval: fetch fetch-vocab
 	LLMRS_IMPL=solutions $(if $(NBVAL_RUN_TESTS),LLMRS_RUN_TESTS=$(NBVAL_RUN_TESTS)) $(SINGLE_THREAD) $(PYTEST) chapters --nbval-lax --nbval-current-env \
 	  --nbval-cell-timeout=$(NBVAL_TIMEOUT) --nbval-sanitize-with tests/nbval_sanitize.cfg \
 	  -q --no-header
@@ -293,7 +295,7 @@ bench-tokenizer: fetch
 	$(PY) -m llmrs_core.bench.tokenizer
 
 # re-run every notebook in place so stored outputs and plots match the code
-notebooks: fetch
+notebooks: fetch fetch-vocab
 	$(SINGLE_THREAD) $(PY) scripts/refresh_notebooks.py
 
 clean:
