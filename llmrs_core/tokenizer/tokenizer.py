@@ -523,6 +523,28 @@ class Tokenizer:
             return self._encode_rendering_checked(real, layout)
         ids: list[int] = []
         run: list[str] = []  # ordinary text waiting to be encoded in one piece
+        strip_next = False  # the last token swallows the whitespace after it (Phi-3's rstrip), across seams too
+
+        def add_text(piece: str) -> None:
+            nonlocal strip_next
+            if strip_next:
+                piece = piece.lstrip(C_WHITESPACE)
+                if not piece:
+                    return
+                strip_next = False
+            run.append(piece)
+
+        def add_token(token_id: int) -> None:
+            nonlocal strip_next
+            text = "".join(run)
+            if token_id in self.specials.lstrip:
+                text = text.rstrip(C_WHITESPACE)
+            if text:
+                ids.extend(self._encode_plain(text))
+            run.clear()
+            ids.append(token_id)
+            strip_next = token_id in self.specials.rstrip
+
         # the tokens the layout itself writes: a user string holding one is all ordinary text, even where
         # the token is user-defined (command-r's <|START_OF_TURN_TOKEN|>, which plain encoding matches)
         layout_tokens = {p for t in layout_texts for p in self.split_special(t) if isinstance(p, int)}
@@ -530,16 +552,13 @@ class Tokenizer:
             # user strings (odd k) are text: only user-defined tokens the layout does not use are matched
             pieces = self.split_special(text, allow_special=not k % 2)
             if k % 2 and any(isinstance(p, int) and p in layout_tokens for p in pieces):
-                run.append(text)
+                add_text(text)
                 continue
             for piece in pieces:
                 if isinstance(piece, int):
-                    if run:
-                        ids.extend(self._encode_plain("".join(run)))
-                        run.clear()
-                    ids.append(piece)
+                    add_token(piece)
                 else:
-                    run.append(piece)
+                    add_text(piece)
         if run:
             ids.extend(self._encode_plain("".join(run)))
         return ids
