@@ -5,7 +5,8 @@ Try-It-Yourself section must be able to run that section from its first
 cell down, without a ``NameError`` for something an earlier section built.
 This is checked statically, with ``ast`` over the cells' sources (nothing is
 executed): every name a section's code reads is bound in the notebook's first
-code cell, in the section itself (its setup cell first), or is a builtin.
+code cell, in the section itself (its setup cell first), or is a builtin. Sections
+beyond the book (``## 2.6 Beyond the book — ...``) make the same promise and are checked the same way.
 
 The same tests hold the other promises of the exercise sections: their hints
 are tiered ``<details>`` blocks, a stored ``run_tests`` output says that it
@@ -161,6 +162,26 @@ def test_every_chapter_notebook_has_exercise_sections():
     assert len(notebooks()) == len(CHAPTERS), "a chapter notebook is missing"
     chapters_with_sections = {path.parent.name for path, _ in SECTIONS}
     assert chapters_with_sections == {path.parent.name for path in notebooks()}
+
+
+def beyond_the_book_ids() -> list[tuple[Path, str]]:
+    """The ``## N.M Beyond the book — ...`` sections (chapter 2's 2.6): they promise to stand alone too."""
+    found = []
+    for path in notebooks():
+        nb = json.loads(path.read_text())
+        found += [(path, s.title) for s in sections(nb)[1] if "beyond the book" in s.title.lower()]
+    return found
+
+
+BEYOND = beyond_the_book_ids()
+
+
+@pytest.mark.parametrize(("path", "title"), BEYOND, ids=[t.split(" ")[0] for _, t in BEYOND])
+def test_beyond_the_book_section_runs_after_the_first_cell_alone(path, title):
+    nb = json.loads(path.read_text())
+    section = next(s for s in sections(nb)[1] if s.title == title)
+    problems = undefined_names(first_code_cell(nb), section, f"{path.name} §{title}")
+    assert not problems, f"{path.name} §{title} is not self-contained:\n  " + "\n  ".join(problems)
 
 
 @pytest.mark.parametrize(("path", "title"), SECTIONS, ids=[t.split(" ")[0] for _, t in SECTIONS])
