@@ -85,12 +85,12 @@ class ModelConfig:
 
     @property
     def family(self) -> Family:
-        """The switches of this config's architecture (appendix B; given)."""
+        """(provided) The switches of this config's architecture (appendix B)."""
         return family(self.architecture)
 
     @property
     def rope_dims(self) -> int:
-        """How many dimensions of each head RoPE rotates (appendix B; given)."""
+        """(provided) How many dimensions of each head RoPE rotates (appendix B)."""
         return self.rotary_dim or self.head_dim
 
     @classmethod
