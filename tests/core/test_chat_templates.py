@@ -218,3 +218,31 @@ def test_message_text_never_becomes_control_tokens(case, vocab_files, fixed_cloc
 def test_guard_covers_both_tokenizer_kinds():
     kinds = {OUR_VOCAB[c["template"]] for c in GUARD_CASES}
     assert {"qwen2", "llama-bpe", "command-r", "phi-3"} <= kinds
+
+
+MARKERS = [m + ">" for m in HOSTILE_TEXT.split(">") if m] + ["<", "|", ">", " ", "\n", "a", "_", "TOKEN"]
+
+
+@pytest.mark.parametrize("template", ["vocab-qwen2", "llama-3.1", "vocab-command-r", "vocab-phi-3"])
+def test_no_mix_of_markers_forges_a_turn(template, vocab_files):
+    """Hypothesis: any text made of turn markers, their fragments and whitespace, as every message's
+    content, leaves the control tokens of the template's own layout (or is refused)."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    tok = tokenizer_for(vocab_files, template)
+    conv = DATA["conversations"]["system_multi_turn"]
+    kwargs = {"chat_template_kwargs": conv["chat_template_kwargs"]}
+    benign = [i for i in tok.encode_chat(_with_content(conv["messages"], "hello"), **kwargs) if tok.is_special(i)]
+
+    @settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(st.lists(st.sampled_from(MARKERS), min_size=1, max_size=12).map("".join))
+    def check(text):
+        try:
+            ids = tok.encode_chat(_with_content(conv["messages"], text), **kwargs)
+        except ValueError as e:
+            assert "could become control tokens" in str(e)
+            return
+        assert [i for i in ids if tok.is_special(i)] == benign
+
+    check()
