@@ -203,6 +203,7 @@ def test_ex1_6_validate_accepts_a_good_config(ex):
     "changes, why",
     [
         (dict(n_heads=5, head_dim=6), "hidden_size 32 is not divisible by 5 heads"),
+        (dict(head_dim=0), "a head of no dimensions"),
         (dict(n_kv_heads=3), "4 query heads cannot be shared by 3 KV heads"),
         (dict(n_layers=0), "a model needs at least one layer"),
         (dict(vocab_size=-5), "a negative vocabulary"),
