@@ -29,9 +29,9 @@ HF_CONFIG = json.loads((T16.GOLDEN / "smollm2_hf_config.json").read_text())
 
 PER_LAYER = "per_layer_attn = d * q_out + 2 * d * kv_out + q_out * d"
 OUTPUT = '"output": 0 if self.tie_embeddings else self.vocab_size * d'
-NORMS = '"norms": (2 * self.n_layers + 1) * d'
-HEAD_DIM = 'head_dim=opt_int(f"{arch}.attention.key_length", hidden // n_heads)'
-HEAD_DIM_FROM_KV = 'head_dim=opt_int(f"{arch}.attention.key_length", hidden // opt_int(f"{arch}.attention.head_count_kv", n_heads))'
+NORMS = '"norms": self.n_layers * per_layer_norms + d'
+HEAD_DIM = 'head_dim = opt_int(f"{arch}.attention.key_length", hidden // n_heads)'
+HEAD_DIM_FROM_KV = 'head_dim = opt_int(f"{arch}.attention.key_length", hidden // opt_int(f"{arch}.attention.head_count_kv", n_heads))'
 KV_ELEMENTS = "elements = 2 * self.n_layers * self.n_kv_heads * self.head_dim"
 FLOP_PARAMS = 'matmul_params = counts["attention"] + counts["mlp"] + self.vocab_size * self.hidden_size'
 
@@ -48,7 +48,7 @@ PARAM_COUNT_MISTAKES = {
     "GQA K and V sized like Q": ((PER_LAYER, "per_layer_attn = d * q_out + 2 * d * q_out + q_out * d"), True,
                                  "W_k and W_v are sized like W_q"),
     "norms forgotten": ((NORMS, '"norms": 0'), True, "the norms are not counted"),
-    "final norm forgotten": ((NORMS, '"norms": 2 * self.n_layers * d'), False, "the final norm is not counted"),
+    "final norm forgotten": ((NORMS, '"norms": self.n_layers * per_layer_norms'), False, "the final norm is not counted"),
 }
 
 
@@ -67,8 +67,20 @@ def test_n_params_not_the_sum_is_blamed_alone(tmp_path):
 
 
 def test_head_dim_from_the_kv_heads_is_named(tmp_path):
-    """head_dim = hidden // n_kv_heads: the learner's own validate() refuses it; the test says why."""
+    """head_dim = hidden // n_kv_heads passes validate() (heads may have a size of their own,
+    as Qwen3's do); the test names the mistake from the numbers."""
     ex = planted(from_gguf=[(HEAD_DIM, HEAD_DIM_FROM_KV)])
+    text = failure(T16.test_ex1_6_from_gguf_tiny_model_tied_and_untied, ex, tmp_path)
+    assert "head_dim is 16 = hidden_size // n_kv_heads" in text, text
+
+
+def test_head_dim_from_the_kv_heads_refused_by_an_older_validate_is_named(tmp_path):
+    """A learner whose validate() still insists on n_heads * head_dim == hidden_size refuses the
+    config it built; the test says why, in the learner's terms."""
+    ex = planted(from_gguf=[(HEAD_DIM, HEAD_DIM_FROM_KV), (
+        "    config.validate()\n    return config",
+        "    if config.n_heads * config.head_dim != config.hidden_size:\n"
+        "        raise ConfigError('n_heads * head_dim != hidden_size')\n    return config")])
     text = failure(T16.test_ex1_6_from_gguf_tiny_model_tied_and_untied, ex, tmp_path)
     assert "from_gguf refused a valid model" in text and "not // head_count_kv" in text, text
 
