@@ -12,6 +12,8 @@
 #   make fetch-vocab           llama.cpp's vocab test files into .cache/llama-vocab (make test fetches them)
 #   make check-env             [OK]/[FAIL] for Python, dependencies, model, GPU
 #   make gpu-check             on a machine with an NVIDIA GPU: chapter 9's GPU check (table + JSON)
+#   make full-size-check       not CI: Llama-3.2-1B, Qwen2.5-0.5B, Qwen3-0.6B, Gemma-3-1B, Phi-3.5-mini (4 layers)
+#                              shapes, random weights, Q4_K_M: 16 greedy tokens against llama.cpp (~1 h, ~12 GB)
 #   make notebooks             re-run the notebooks so their stored outputs are current
 #   make observe               a real Prometheus scrapes llmrs serve; checks it agrees with the responses
 #   make container             build the image (deploy/Dockerfile); make container-test runs and checks it
@@ -34,7 +36,7 @@ NBVAL_TIMEOUT ?= 300
 SINGLE_THREAD := OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 
 .DEFAULT_GOAL := help
-.PHONY: help setup lab demo fetch fetch-vocab test test-solutions test-gpu gpu-check test-engine test-portable check-stubs nbval lint format \
+.PHONY: help setup lab demo fetch fetch-vocab test test-solutions test-gpu gpu-check full-size-check test-engine test-portable check-stubs nbval lint format \
         test-chapter test-exercise progress reset check-env notebooks bench bench-tokenizer bench-throughput bench-serve bench-all clean \
         observe container container-test container-test-learner
 
@@ -146,6 +148,22 @@ test-gpu: setup
 gpu-check:
 	@mkdir -p build
 	$(if $(wildcard $(PY)),$(PY),$(PYTHON)) scripts/gpu_check.py --output build/gpu_check.json
+
+# the engine at the sizes people run (issue 28), against llama.cpp on the same Q4_K_M files: needs a
+# reference environment with torch, transformers, gguf, sentencepiece and llama-cpp-python (never a
+# project dependency, never in CI) and llama.cpp's converter from the llama-cpp-python sdist. Files
+# in $$LLMRS_FULL_SIZE_DIR (default ~/.cache/llmrs-full-size), the report in build/full_size.json.
+REF_PY ?= /opt/ref-venv/bin/python
+LLAMA_CPP_SDIST ?= /opt/ref/src/llama_cpp_python-0.3.36
+full-size-check: $(STAMP)
+	@test -x $(REF_PY) || { echo "full-size-check needs a reference environment at REF_PY=$(REF_PY). Make one:"; \
+	  echo "  python3 -m venv /opt/ref-venv"; \
+	  echo "  /opt/ref-venv/bin/pip install torch --index-url https://download.pytorch.org/whl/cpu"; \
+	  echo "  /opt/ref-venv/bin/pip install transformers safetensors gguf sentencepiece llama-cpp-python==0.3.36"; \
+	  echo "  pip download --no-deps --no-binary :all: llama-cpp-python==0.3.36   # the converter: LLAMA_CPP_SDIST=that .tar.gz"; \
+	  exit 1; }
+	@mkdir -p build
+	$(REF_PY) scripts/full_size_models.py all --sdist $(LLAMA_CPP_SDIST) --engine-python $(PY) $(FULL_SIZE_ARGS)
 
 # the engine's numeric tests (tests/core, tests/ch08) with Numba compiling for other CPUs than this
 # one, so that no tolerance or assembly check holds on one machine only: haswell (AVX2 + FMA,
