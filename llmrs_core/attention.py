@@ -78,23 +78,34 @@ def scaled_dot_product_attention(
     q: np.ndarray, k: np.ndarray, v: np.ndarray, causal: bool = True
 ) -> np.ndarray:
     """``softmax(q k^T / sqrt(D) + mask) v`` per head, with GQA. Returns ``[Tq, Hq, D]``."""
-    return attention_with_options(q, k, v, causal, PLAIN)
+    group = _check_shapes(q, k, v)
+    tq, hq, d = q.shape
+    tk, hkv, _ = k.shape
+    # [Hkv, group, Tq, D] @ [Hkv, 1, D, Tk]: each KV head serves its group of query heads
+    qg = q.reshape(tq, hkv, group, d).transpose(1, 2, 0, 3)
+    scores = qg @ k.transpose(1, 2, 0)[:, None] / np.sqrt(d).astype(q.dtype)
+    if causal:
+        scores = np.where(causal_mask(tq, tk), scores, -np.inf)
+    out = softmax(scores) @ v.transpose(1, 0, 2)[:, None]  # [Hkv, group, Tq, D]
+    return out.transpose(2, 0, 1, 3).reshape(tq, hq, d).astype(q.dtype, copy=False)
 
 
 def attention_with_options(
     q: np.ndarray, k: np.ndarray, v: np.ndarray, causal: bool = True, options: AttentionOptions = PLAIN
 ) -> np.ndarray:
     """:func:`scaled_dot_product_attention` with a family's window, soft-cap and scale
-    (:class:`AttentionOptions`, appendix B); with ``PLAIN`` options, the same function."""
+    (:class:`AttentionOptions`, appendix B); with ``PLAIN`` options, that function itself.
+
+    (The chapter-3 function stays as the chapter writes it, line for line: its diagnoses plant
+    a learner's mistakes into its source. This one repeats its few lines with the options.)"""
+    if options.plain:
+        return scaled_dot_product_attention(q, k, v, causal)
     group = _check_shapes(q, k, v)
     tq, hq, d = q.shape
     tk, hkv, _ = k.shape
-    # [Hkv, group, Tq, D] @ [Hkv, 1, D, Tk]: each KV head serves its group of query heads
-    qg = q.reshape(tq, hkv, group, d).transpose(1, 2, 0, 3)
-    if options.scale:
-        scores = qg @ k.transpose(1, 2, 0)[:, None] * np.float32(options.scale)
-    else:
-        scores = qg @ k.transpose(1, 2, 0)[:, None] / np.sqrt(d).astype(q.dtype)
+    qg = q.reshape(tq, hkv, group, d).transpose(1, 2, 0, 3)  # [Hkv, group, Tq, D]
+    scale = np.float32(options.scale) if options.scale else np.float32(1.0 / np.sqrt(d))
+    scores = qg @ k.transpose(1, 2, 0)[:, None] * scale  # [Hkv, group, Tq, Tk]
     if options.softcap:
         cap = np.float32(options.softcap)
         scores = cap * np.tanh(scores / cap)
