@@ -13,7 +13,7 @@
 #   make check-env             [OK]/[FAIL] for Python, dependencies, model, GPU
 #   make gpu-check             on a machine with an NVIDIA GPU: chapter 9's GPU check (table + JSON)
 #   make full-size-check       not CI: Llama-3.2-1B, Qwen2.5-0.5B, Qwen3-0.6B, Gemma-3-1B, Phi-3.5-mini (4 layers)
-#                              shapes, random weights, Q4_K_M: 16 greedy tokens against llama.cpp (~1 h, ~12 GB)
+#                              shapes, random weights, Q4_K_M: 16 greedy tokens against llama.cpp (~45 min, 11 GB disk)
 #   make notebooks             re-run the notebooks so their stored outputs are current
 #   make observe               a real Prometheus scrapes llmrs serve; checks it agrees with the responses
 #   make container             build the image (deploy/Dockerfile); make container-test runs and checks it
@@ -157,10 +157,11 @@ REF_PY ?= /opt/ref-venv/bin/python
 LLAMA_CPP_SDIST ?= /opt/ref/src/llama_cpp_python-0.3.36
 full-size-check: $(STAMP)
 	@test -x $(REF_PY) || { echo "full-size-check needs a reference environment at REF_PY=$(REF_PY). Make one:"; \
-	  echo "  python3 -m venv /opt/ref-venv"; \
-	  echo "  /opt/ref-venv/bin/pip install torch --index-url https://download.pytorch.org/whl/cpu"; \
-	  echo "  /opt/ref-venv/bin/pip install transformers safetensors gguf sentencepiece llama-cpp-python==0.3.36"; \
-	  echo "  pip download --no-deps --no-binary :all: llama-cpp-python==0.3.36   # the converter: LLAMA_CPP_SDIST=that .tar.gz"; \
+	  echo "  python3 -m venv ~/ref-venv"; \
+	  echo "  ~/ref-venv/bin/pip install torch --index-url https://download.pytorch.org/whl/cpu"; \
+	  echo "  ~/ref-venv/bin/pip install transformers safetensors gguf sentencepiece llama-cpp-python==0.3.36"; \
+	  echo "  pip download --no-deps --no-binary :all: llama-cpp-python==0.3.36   # llama.cpp's converter is in it"; \
+	  echo "then: make full-size-check REF_PY=~/ref-venv/bin/python LLAMA_CPP_SDIST=llama_cpp_python-0.3.36.tar.gz"; \
 	  exit 1; }
 	@mkdir -p build
 	$(REF_PY) scripts/full_size_models.py all --sdist $(LLAMA_CPP_SDIST) --engine-python $(PY) $(FULL_SIZE_ARGS)

@@ -37,7 +37,14 @@ The comparison: tokens equal (n/16, position by position), the first divergence 
 it passes the top-5 rule of tests/core/test_model_golden.py (vLLM's: where the greedy tokens
 first differ, each side's token is in the other's top 5); the rule at every step along
 llama.cpp's tokens (the engine fed llama.cpp's continuation); and at the first step
-max|ours - llama.cpp| / max|llama.cpp| over the whole vocabulary.
+max|ours - llama.cpp| / max|llama.cpp| over the whole vocabulary, and the rms error against
+what llama.cpp's 8-bit activations explain (_activation_rounding_error). With the f32 GGUF
+still there (before it is deleted), llama.cpp's and the numpy backend's first-step logits on
+it, within make_family_models.py's bound. A row passes on the top-5 rule at every step, the
+rounding bound and the f32 bound; equal tokens are not required (random logits' gaps are
+smaller than the two engines' activation roundings move them: README, "How the tests work").
+The exit status is 1 when a row fails. The engine steps run again on every `all`; the
+reference steps only where their output is missing (--force rebuilds everything).
 """
 
 from __future__ import annotations
@@ -482,7 +489,7 @@ def _run_step(args: list[str], python: str, log: dict[str, Any], label: str) -> 
 
 
 def run_all(names: list[str], backends: list[str], sdist: Path, engine_py: str, keep: bool,
-            force: bool) -> None:
+            force: bool) -> int:
     for name in names:
         failures: dict[str, Any] = {}
         shape_dir(name).mkdir(parents=True, exist_ok=True)
@@ -510,15 +517,19 @@ def run_all(names: list[str], backends: list[str], sdist: Path, engine_py: str, 
             shutil.rmtree(shape_dir(name) / "hf", ignore_errors=True)
         _write_json(shape_dir(name) / "failures.json", failures)
         gc.collect()
-    report(list(SHAPES))
+    return report(list(SHAPES))
 
 
 def _load(path: Path) -> dict[str, Any] | None:
     return json.loads(path.read_text()) if path.exists() else None
 
 
-def report(names: list[str]) -> None:
-    rows, data = [], {}
+def report(names: list[str]) -> int:
+    """Writes REPORT, prints the table; returns how many rows failed. A row passes when the top-5
+    rule holds at every step along llama.cpp's tokens, the first step's error is within 3 sigma
+    of what llama.cpp's activation rounding explains, and the f32 check (where run) is within
+    its bound. Equal greedy tokens are reported, not required: see the README."""
+    rows, data, failed = [], {}, 0
     for name in names:
         d = shape_dir(name)
         entry = {"config": SHAPES[name]["config"], "source": SHAPES[name]["source"],
@@ -536,31 +547,39 @@ def report(names: list[str]) -> None:
         base = [name, f"{q['bytes'] / 2**20:.0f} MiB" if q else "-",
                 ",".join(f"{k}:{v}" for k, v in sorted(q["types"].items())) if q else "-", f32_cell]
         if not entry["engine"]:
+            failed += 1
             rows.append(base + ["-"] * 8 + [json.dumps(entry["failures"])[:80] if entry["failures"] else "not run"])
         for backend, e in entry["engine"].items():
             lc_tps = f"{lc['decode_tokens_per_s']:.1f}" if lc else "-"
             if "error" in e:
-                rows.append(base + [backend] + ["-"] * 6 + [lc_tps, e["error"][:100]])
+                failed += 1
+                rows.append(base + [backend] + ["-"] * 6 + [lc_tps, "FAIL: " + e["error"][:100]])
                 continue
             first = "-" if e["first_divergence"] is None else (
                 f"{e['first_divergence']} ({'top-5 ok' if e['top5_rule_at_first_divergence'] else 'top-5 FAIL'})")
+            why = [w for w, bad in (("top-5 rule fails at a step", not e["top5_rule_every_step"]),
+                                    ("step-1 error beyond 3 sigma", not e["step1_within_3_sigma"]),
+                                    ("f32 beyond bound", bool(f32) and not f32.get("within", False)))
+                   if bad]
+            failed += bool(why)
             rows.append(base + [backend, f"{e['tokens_equal']}/{N_GREEDY}", first,
                                 f"{e['step1_max_norm_error']:.1e}",
                                 f"{e['step1_rms_error_over_rms']:.3f} / {e['activation_rounding_rms']:.3f}",
                                 f"{e['load_s']:.1f}",
                                 f"{e['decode_tokens_per_s']:.1f}", lc_tps,
-                                "rule every step" if e["top5_rule_every_step"] else "rule FAILS at some step"])
+                                "PASS" if not why else "FAIL: " + "; ".join(why)])
     meta = {"n_prompt": N_PROMPT, "n_greedy": N_GREEDY, "n_ctx": N_CTX, "threads": THREADS, "quant": QUANT,
             "logit_std": LOGIT_STD, "cache": str(CACHE), "machine": platform.processor() or platform.machine(),
             "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
     _write_json(REPORT, {"meta": meta, "shapes": data})
     head = ["shape", "file", "tensor types", "f32 err / bound", "backend", "tokens equal", "first divergence",
-            "step-1 max err", "step-1 rms err / explained", "load s", "ours tok/s", "llama.cpp tok/s", "note"]
+            "step-1 max err", "step-1 rms err / explained", "load s", "ours tok/s", "llama.cpp tok/s", "verdict"]
     table = [head] + rows
     widths = [max(len(str(r[i])) for r in table) for i in range(len(head))]
     for r in table:
         print(" | ".join(str(c).ljust(w) for c, w in zip(r, widths)))
-    print(f"wrote {REPORT}")
+    print(f"wrote {REPORT}; {failed} row(s) failed" if failed else f"wrote {REPORT}; every row passed")
+    return failed
 
 
 def main() -> None:
@@ -583,9 +602,9 @@ def main() -> None:
         if not args.sdist.exists():
             parser.error(f"{args.sdist}: no llama-cpp-python sdist (pip download --no-deps --no-binary :all: "
                          "llama-cpp-python==0.3.36, then --sdist PATH or LLMRS_LLAMA_CPP_SDIST)")
-        run_all(names, backends, args.sdist, args.engine_python, args.keep, args.force)
+        sys.exit(1 if run_all(names, backends, args.sdist, args.engine_python, args.keep, args.force) else 0)
     elif args.step == "report":
-        report(names)
+        sys.exit(1 if report(names) else 0)
     else:
         for name in names:
             if args.step == "hf":
