@@ -183,7 +183,9 @@ PORTABLE_CPUS := haswell generic
 # chapters 1, 2 and 9-12 (integers, the tokenizer, the CUDA simulator, servers, NumPy); and the mpiexec launches, whose arithmetic
 # test_distributed.py checks in one process (ranks compiling into an empty cache at once would take minutes);
 # batch invariance, which compares the engine with itself on one target (each row computed alone is the
-# code's structure, not a target's rounding; test-solutions holds it)
+# code's structure, not a target's rounding; test-solutions holds it); the chat templates, the vocab
+# fetch and the family fixtures' self-checks (text and NumPy only), and the quantisation codecs and mixes
+# (NumPy's arithmetic, which the Numba target does not change; the Numba kernels' side is test_quant_kernels)
 PORTABLE_SKIP := --ignore-glob='tests/core/test_tokenizer*' --ignore-glob='tests/core/test_workbook_*' \
                  --ignore-glob='tests/core/test_server*' --ignore-glob='tests/core/test_bench_*' \
                  --ignore-glob='tests/core/test_ab_*' --ignore-glob='tests/core/test_cost*' \
@@ -193,7 +195,10 @@ PORTABLE_SKIP := --ignore-glob='tests/core/test_tokenizer*' --ignore-glob='tests
                  --ignore=tests/core/test_notebook_sections.py --ignore=tests/core/test_cache_checks.py \
                  --ignore=tests/core/test_scheduler_checks.py --ignore-glob='tests/core/test_diagnose_ch09*' \
                  --ignore-glob='tests/core/test_diagnose_ch1*' --ignore-glob='tests/core/test_diagnose_ch0[12]*' \
-                 --ignore=tests/core/test_distributed_mpi.py --ignore=tests/core/test_batch_invariance.py
+                 --ignore=tests/core/test_distributed_mpi.py --ignore=tests/core/test_batch_invariance.py \
+                 --ignore-glob='tests/core/test_chat_template*' --ignore=tests/core/test_vocab_fetch.py \
+                 --ignore=tests/core/test_family_fixtures.py --ignore=tests/core/test_quant_types.py \
+                 --ignore=tests/core/test_quant_mixes.py
 test-portable: fetch
 	@total=$$(date +%s); \
 	avx2=$$($(PY) -c 'import llvmlite.binding as l; f = l.get_host_cpu_features(); print(int(f.get("avx2", False) and f.get("fma", False)))' 2>/dev/null); \
