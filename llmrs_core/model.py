@@ -376,6 +376,8 @@ class LlamaModel:
         """Layer ``i``'s attention for every sequence of the step: RoPE, the cache write, and
         attention over each sequence's cached keys -> ``[n, Hq * D]`` in the step's row order."""
         c, b = self.config, self.backend
+        # Llama's attention is called as chapter 3 writes it, (q, k, v); a family's options follow
+        options = () if layer.attn.plain else (layer.attn,)
         # RoPE for every token of every sequence in one call: positions are per token
         q = self._rotate(q, step.positions, layer.rotary, step.ends)
         k_rot = k if all(step.unrotated) else self._rotate(k, step.positions, layer.rotary, step.ends)
@@ -384,7 +386,7 @@ class LlamaModel:
             rows = step.rows  # each such sequence's one row of the step
             write_decode(step.pool, i, step.slots, k_rot[rows], v[rows])
             attended = b.paged_decode_attention(q[rows], step.pool.k[i], step.pool.v[i], step.slots.tables,
-                                                step.slots.lengths, layer.attn)
+                                                step.slots.lengths, *options)
             attended = attended.reshape(len(step.together), c.n_heads * c.head_dim)
             if not step.apart:  # a decode step: the rows are already in the step's order
                 return attended
@@ -396,7 +398,7 @@ class LlamaModel:
             keys, values = checked_view(cache, i, t, step.lengths[j], k.shape[1], k.shape[2])
             if step.unrotated[j]:
                 keys = self._rotate(keys, cache.key_positions(t), layer.rotary)
-            outs[j] = b.attention(q[lo:hi], keys, values, layer.attn).reshape(t, c.n_heads * c.head_dim)
+            outs[j] = b.attention(q[lo:hi], keys, values, *options).reshape(t, c.n_heads * c.head_dim)
         return b.xp.concatenate(outs) if len(outs) > 1 else outs[0]
 
     def _head(self, x: np.ndarray) -> np.ndarray:

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ..attention import PLAIN, AttentionOptions
 from ..formats.ggml_types import GGMLType
 from ..kernels.gpu import runtime
 from ..sampling import SamplingParams
@@ -137,7 +138,8 @@ class CudaBackend(Backend):
     def rope(self, x: Any, positions: np.ndarray, theta: float) -> Any:
         return self._elementwise.rope_rotate(x, positions, theta, interleaved=self.rope_layout == "interleaved")
 
-    def attention(self, q: Any, k: Any, v: Any) -> Any:
+    def attention(self, q: Any, k: Any, v: Any, options: AttentionOptions = PLAIN) -> Any:
+        # options are always PLAIN here: prepare() refuses the families that set them
         if q.shape[0] == 1:
             # The decode kernel reads keys through a block table. The model hands over the
             # sequence's keys gathered ([Tk, Hkv, D]): as a pool of Tk one-token blocks, in order.
