@@ -153,6 +153,27 @@ def test_an_upstream_that_is_down_gives_502_naming_the_variant(servers):
         assert ready.status_code == 503 and ready.json()["variants"]["down"].startswith("unavailable")
 
 
+def read_request(conn: socket.socket) -> bytes:
+    """A whole HTTP request, headers and ``content-length`` body: closing a connection with a part of
+    the request still unread makes the kernel reset it, and the client sees a ReadError instead of
+    the response (it happened on a busy machine, where the body arrived after the headers)."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        part = conn.recv(65536)
+        if not part:
+            return data
+        data += part
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = next((int(line.split(b":", 1)[1]) for line in head.split(b"\r\n")
+                   if line.lower().startswith(b"content-length:")), 0)
+    while len(body) < length:
+        part = conn.recv(65536)
+        if not part:
+            break
+        body += part
+    return head + b"\r\n\r\n" + body
+
+
 def broken_upstream() -> tuple[str, threading.Thread, socket.socket]:
     """A server that answers /v1/models, then starts a stream, sends one chunk and closes the connection."""
     sock = socket.socket()
@@ -170,7 +191,7 @@ def broken_upstream() -> tuple[str, threading.Thread, socket.socket]:
                 return
             with conn:
                 conn.settimeout(WAIT)
-                request = conn.recv(65536)
+                request = read_request(conn)
                 if request.startswith(b"GET /v1/models"):
                     body = json.dumps({"data": [{"id": "m"}]}).encode()
                     conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: "

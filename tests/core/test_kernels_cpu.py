@@ -135,7 +135,7 @@ def test_attention_kernels_match_the_reference(tq, tk):
     want = reference_attention.scaled_dot_product_attention(q, k, v, causal=True)
     # sums of D = 16 products (scores of order 1 here) and of Tk weighted values
     tolerance = float32_tolerance(max(16, tk))
-    assert normalised_error(ops.attention(q, k, v), want) <= tolerance
+    assert normalised_error(ops.attention(q, k, v, *ops.NO_OPTIONS), want) <= tolerance
     for chunk in (128, 7):
         assert normalised_error(ops.attention_prefill(q, k, v, chunk=chunk), want) <= tolerance
 

@@ -42,10 +42,10 @@ def test_numba_kernel_equals_the_contiguous_kernel_on_the_gathered_cache(seed):
     tables = np.stack([rng.permutation(12)[:3] for _ in lengths]).astype(np.int64)
     tables[3, 1] = tables[0, 0]  # blocks shared between sequences are read, never written
     q = rng.standard_normal((len(lengths), 6, 16)).astype(np.float32)  # 6 query heads on 2 KV heads
-    got = ops.paged_decode_attention(q, k_pool, v_pool, tables, lengths)
+    got = ops.paged_decode_attention(q, k_pool, v_pool, tables, lengths, *ops.NO_OPTIONS)
     for i, length in enumerate(lengths):
         want = ops.attention(q[i:i + 1], np.ascontiguousarray(gathered(k_pool, tables[i], length)),
-                             np.ascontiguousarray(gathered(v_pool, tables[i], length)))
+                             np.ascontiguousarray(gathered(v_pool, tables[i], length)), *ops.NO_OPTIONS)
         np.testing.assert_array_equal(got[i:i + 1], want, f"sequence {i} (length {length}) differs from "
                                       "the contiguous kernel on its gathered keys")
     default = NumpyBackend().paged_decode_attention(q, k_pool, v_pool, tables, lengths)

@@ -107,7 +107,10 @@ def test_chatml_helper_and_token_count_use_the_safe_path(tok):
 
 
 TEXT_PIECES = st.one_of(
-    st.text(alphabet=st.characters(exclude_categories=("Cs",)), max_size=12),
+    # unassigned code points (Cn) are left out: Python's `regex` and Hugging Face's Oniguruma read
+    # different Unicode versions, and "\U0003d000's" splits differently in the two (a difference
+    # of the references' tables, not of the tokenizer; found by hypothesis on a fresh clone)
+    st.text(alphabet=st.characters(exclude_categories=("Cs", "Cn")), max_size=12),
     st.sampled_from([" ", "  ", "\n", "\n\n", "\t", " \n ", "\r\n", "0", "42", "3.14", "🦀", "👨‍👩‍👧", "日本語",
                      "'s", "'ll", "<", "|", ">", "<|", "|>", "im_start", "\u3000", "\ue000", "#0\ue001"]),
 )

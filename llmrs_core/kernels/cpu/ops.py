@@ -70,8 +70,10 @@ def rope(x, cos, sin, interleaved):
     return out
 
 
-#: an attention option switched off (one float32 constant: the kernels compile once)
-OFF = np.float32(0)
+#: the attention kernels' options switched off, ``window, softcap, scale`` (Llama's attention). The
+#: kernels take them explicitly, never as defaults: an omitted argument is a compile-time constant
+#: to Numba, and a second specialisation folded around it need not round as the engine's does.
+NO_OPTIONS = (0, np.float32(0), np.float32(0))
 
 
 @njit(fastmath=True, cache=True, error_model="numpy")
@@ -112,7 +114,7 @@ def _attend(q, t, h, k, v, kh, limit, out, window, softcap, scale):
 
 
 @njit(parallel=True, fastmath=True, cache=True, error_model="numpy")  # see rms_norm
-def attention(q, k, v, window=0, softcap=OFF, scale=OFF):
+def attention(q, k, v, window, softcap, scale):
     """Causal GQA attention: ``q [Tq, Hq, D]``, ``k, v [Tk, Hkv, D]`` -> ``[Tq, Hq, D]``.
     ``window``, ``softcap``, ``scale``: a family's options (see :func:`_attend`; 0 is off).
 
@@ -133,7 +135,7 @@ def attention(q, k, v, window=0, softcap=OFF, scale=OFF):
 
 
 @njit(parallel=True, fastmath=True, cache=True, error_model="numpy")
-def paged_decode_attention(q, k_pool, v_pool, tables, lengths, window=0, softcap=OFF, scale=OFF):
+def paged_decode_attention(q, k_pool, v_pool, tables, lengths, window, softcap, scale):
     """One decode token per sequence, its keys and values read from a block pool in place:
     ``q [n, Hq, D]``, ``k_pool, v_pool [num_blocks, Hkv, block_size, D]`` (one layer's),
     ``tables`` int64 ``[n, max blocks]``, ``lengths`` int64 ``[n]`` -> ``[n, Hq, D]``.

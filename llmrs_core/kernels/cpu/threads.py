@@ -81,10 +81,10 @@ def set_threads(threads: int | None) -> int:
 
 def threading_layer() -> str:
     """The Numba threading layer in use ("omp", "tbb" or "workqueue"), starting the pool if needed."""
-    from .ops import attention  # any parallel kernel: the pool starts on the first parallel call
+    from .ops import NO_OPTIONS, attention  # any parallel kernel: the pool starts on the first parallel call
 
     tiny = np.zeros((1, 1, 2), np.float32)
-    attention(tiny, tiny, tiny)
+    attention(tiny, tiny, tiny, *NO_OPTIONS)
     return numba.threading_layer()
 
 
