@@ -74,8 +74,12 @@ fetch-vocab: $(STAMP)
 
 # -- the learner's commands -------------------------------------------------
 
+# Jupyter refuses to start as root without --allow-root, and root is the usual user in containers and
+# cloud notebooks: add it there, saying so. AS_ROOT=1 or AS_ROOT= overrides the test; LAB_ARGS are passed on.
+AS_ROOT ?= $(shell [ "$$(id -u)" = 0 ] && echo 1)
 lab: setup
-	$(VENV)/bin/jupyter lab --notebook-dir=chapters
+	@$(if $(AS_ROOT),echo "make lab: running as root (as in most containers): JupyterLab starts with --allow-root";) \
+	$(VENV)/bin/jupyter lab --notebook-dir=chapters $(if $(AS_ROOT),--allow-root) $(LAB_ARGS)
 
 demo: fetch
 	@$(VENV)/bin/llmrs info
