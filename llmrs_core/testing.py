@@ -356,7 +356,8 @@ def q4_matvec_variants(w: Any, x: np.ndarray) -> list[tuple[str, np.ndarray]]:
     """``(description, W x)`` in float64: the product of a 4-bit matrix ``w`` (a ``"q4"``
     :class:`~llmrs_core.kernels.cpu.packing.PackedMatrix`) with ``x [cols]`` as a kernel with
     each known mistake computes it (chapter 8): nibbles swapped or in pack_int4's order, the
-    ``m * sum(x)`` term left out, the output rows in lane-major order. For :func:`diagnose`.
+    ``m * sum(x)`` term left out, the output rows in lane-major order, the blocks of ``x`` taken
+    16 apart (a block's 16 bytes counted for its 32 values). For :func:`diagnose`.
     """
     from .kernels.cpu.naive import row_major
     from .kernels.cpu.packing import LANES
@@ -364,6 +365,8 @@ def q4_matvec_variants(w: Any, x: np.ndarray) -> list[tuple[str, np.ndarray]]:
     qs, d, m = row_major(w)  # [rows, nb, 16] bytes (element j low, j + 16 high), [rows, nb] scales
     lo, hi = (qs & 15).astype(np.float64), (qs >> 4).astype(np.float64)
     xb = np.asarray(x, dtype=np.float64).reshape(-1, 32)  # [nb, 32]
+    # block b read from x[16 b:16 b + 32]: windows of 32, 16 apart (in bounds: 16 (nb - 1) + 32 <= 32 nb)
+    x16 = np.lib.stride_tricks.sliding_window_view(xb.reshape(-1), 32)[::16][: xb.shape[0]]
 
     def product(x_lo: np.ndarray, x_hi: np.ndarray, offsets: bool = True) -> np.ndarray:
         s = (lo * x_lo).sum(-1) + (hi * x_hi).sum(-1)  # [rows, nb]
@@ -381,6 +384,8 @@ def q4_matvec_variants(w: Any, x: np.ndarray) -> list[tuple[str, np.ndarray]]:
         ("without the offsets: d * sum(q x) but no m * sum(x) per block", product(xb[:, :16], xb[:, 16:], False)),
         ("with the rows in the wrong order (output lane * groups + g instead of row 32 g + lane)",
          padded.reshape(groups, LANES).T.reshape(-1)[: w.rows]),
+        ("with the blocks of x 16 apart (x[16 b + j] for byte j of block b: a block holds 32 values of x, "
+         "so its bytes go with x[32 b + j] and x[32 b + 16 + j])", product(x16[:, :16], x16[:, 16:])),
     ]
 
 

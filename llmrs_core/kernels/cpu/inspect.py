@@ -18,6 +18,9 @@ from numba import njit
 
 _INSTRUCTION = re.compile(r"^\s+([a-z][a-z0-9]*)\s", re.M)
 _REGISTER = re.compile(r"%([xyz]mm)\d+")
+# float64 arithmetic and conversions into float64 (moves, shuffles and logic left out: they carry
+# bits, whatever their suffix says); on a ymm/zmm register, code vectorised in doubles
+_DOUBLE_ARITHMETIC = re.compile(r"v(?:add|sub|mul|div|fn?m(?:add|sub)\w*)pd$|vcvt\w+2pdx?$")
 
 
 def assembly(kernel, *args, parallel: bool = False, fastmath: bool = True) -> str:
@@ -38,10 +41,14 @@ def vector_summary(asm: str) -> dict[str, int]:
 
     ``packed_fma`` is ``vfmadd...ps`` on ``ymm`` (8 floats) or ``zmm`` (16
     floats) registers: a vectorised multiply-add. ``scalar_fma`` is
-    ``vfmadd...ss``: one float at a time. ``zmm``/``ymm``/``xmm`` count the
-    instructions touching each register width.
+    ``vfmadd...ss``: one float at a time. ``packed_double`` counts float64
+    arithmetic on ``ymm``/``zmm`` registers (``vaddpd``, ``vmulpd``,
+    ``vfmadd...pd``, conversions into doubles such as ``vcvtps2pd``): code
+    vectorised in doubles, half the lanes of float32, which a float32 kernel
+    has none of. ``zmm``/``ymm``/``xmm`` count the instructions touching each
+    register width.
     """
-    out = {"packed_fma": 0, "scalar_fma": 0, "zmm": 0, "ymm": 0, "xmm": 0}
+    out = {"packed_fma": 0, "scalar_fma": 0, "packed_double": 0, "zmm": 0, "ymm": 0, "xmm": 0}
     for line in asm.splitlines():
         m = _INSTRUCTION.match(line)
         if not m:
@@ -53,6 +60,8 @@ def vector_summary(asm: str) -> dict[str, int]:
                 out["packed_fma"] += 1
             elif op.endswith("ss"):
                 out["scalar_fma"] += 1
+        if _DOUBLE_ARITHMETIC.match(op) and widths & {"ymm", "zmm"}:
+            out["packed_double"] += 1
         for w in widths:
             out[w] += 1
     return out
