@@ -8,7 +8,9 @@ give *failing* or *passing* (see :mod:`llmrs_core.workbook_report`). So the
 table costs the tests of the exercises actually begun, and nothing on a
 fresh checkout. The engine column comes from the learner backend itself
 (``--impl learner``): YOURS where it runs the learner's function, reference
-where it stands in for it, ``-`` where the exercise does not plug into the engine.
+where it stands in for it, ``notebook only`` where the exercise does not plug into
+the engine (its code runs in the notebook's cells and the tests); :data:`ENGINE_LEGEND`
+says so under the table.
 
 Run it as ``python -m llmrs_core.workbook_progress``.
 """
@@ -39,6 +41,15 @@ from .workbook import (
     tests_folder,
 )
 from .workbook_report import NOT_STARTED, PASSING, ExerciseResult, engine_parts, results_for
+
+NOT_IN_ENGINE = "notebook only"
+NO_ENGINE = "? (the learner backend did not start)"
+#: the line under the table that says what the engine column's words mean
+ENGINE_LEGEND = (
+    "engine column: YOURS = `--impl learner` runs your code inside the engine; reference = the engine's own "
+    f"stands in until yours passes its check; {NOT_IN_ENGINE} = the exercise does not plug into the engine: "
+    "your code runs where its notebook section calls it, and in its tests."
+)
 
 
 @dataclass
@@ -94,9 +105,9 @@ def run_exercise_tests(root: Path, chapters: list[int], exercises: list[str]) ->
 
 def _engine_column(exercise: str, engine: dict[str, list[str]] | None) -> str:
     if engine is None:
-        return "?"
+        return NO_ENGINE
     if exercise not in engine:
-        return "-"
+        return NOT_IN_ENGINE
     mine = engine[exercise]
     return f"YOURS: {', '.join(mine)}" if mine else "reference (yours once it works)"
 
@@ -151,12 +162,10 @@ def progress(root: Path | None = None) -> tuple[list[Row], float, int]:
 def format_table(rows: list[Row]) -> str:
     header = ("exercise", "title", "status", "engine (--impl learner)")
     cells = [(r.result.exercise, r.result.title, r.status, r.engine) for r in rows]
-    widths = [max(len(c[i]) for c in [header, *cells]) for i in range(4)]
-    widths[1] = min(widths[1], 44)
-    lines = []
+    widths = [max(len(c[i]) for c in [header, *cells]) for i in range(4)]  # titles whole: they are how
+    lines = []  # a learner finds the notebook's section
     for c in [header, *cells]:
-        title = c[1] if len(c[1]) <= widths[1] else c[1][: widths[1] - 1] + "…"
-        lines.append(f"{c[0]:<{widths[0]}}  {title:<{widths[1]}}  {c[2]:<{widths[2]}}  {c[3]}".rstrip())
+        lines.append(f"{c[0]:<{widths[0]}}  {c[1]:<{widths[1]}}  {c[2]:<{widths[2]}}  {c[3]}".rstrip())
     lines.insert(1, "-" * min(len(lines[0]), 120))
     return "\n".join(lines)
 
@@ -165,6 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     root = find_root()
     rows, seconds, ran = progress(root)
     print(format_table(rows))
+    print(f"\n{ENGINE_LEGEND}")
     passing = sum(r.status.startswith(PASSING) for r in rows)
     print(
         f"\n{passing} of {len(rows)} exercises pass. Checked in {seconds:.1f} s: the tests of {ran} "

@@ -9,7 +9,8 @@ An exercise's status, from its tests' outcomes:
 
 * ``passing``: every test passed (skipped ones aside), and no function of it is still a stub;
 * ``not started``: every test reached a stub (nothing of it runs yet);
-* ``failing``: anything else — some tests fail, some reach stubs, or stubs are left that no test reached;
+* ``in progress``: no test fails, but some reach a stub or stubs are left that no test reached;
+* ``failing``: some tests fail;
 * ``skipped``: every test was skipped here (a GPU exercise on a machine without one, say);
 * ``no tests yet``: the chapter is still being written.
 """
@@ -24,6 +25,7 @@ from pathlib import Path
 from .workbook import CHAPTERS, Stub, chapter_exercises, exercise_key, exercises_path
 
 PASSING, FAILING, NOT_STARTED, SKIPPED, NO_TESTS = "passing", "failing", "not started", "skipped", "no tests yet"
+IN_PROGRESS = "in progress"
 #: outcomes of one test, as tallied here
 OUTCOMES = ("passed", "failed", "not implemented", "skipped")
 #: what pytest's progress marks mean in a chapter run (``N`` is the workbook's)
@@ -58,21 +60,22 @@ class ExerciseResult:
             return NO_TESTS
         if self.failed == 0 and self.not_implemented == 0:
             if self.stubs and self.passed:
-                return FAILING  # its tests pass, but some of its functions are still stubs
+                return IN_PROGRESS  # its tests pass, but some of its functions are still stubs
             return PASSING if self.passed else SKIPPED
         if self.passed == 0 and self.failed == 0:
             return NOT_STARTED
-        return FAILING
+        return IN_PROGRESS if self.failed == 0 else FAILING  # "failing" only where a test fails
 
     def describe(self) -> str:
-        """``"failing: 5 of 7 tests pass, 1 function left to write"``."""
+        """``"failing: 5 of 7 tests pass, 1 function left to write"``; ``"in progress: ..."`` where
+        no test fails yet."""
         run = self.tests - self.skipped
         if self.status == PASSING:
             text = f"{PASSING}: all {self.passed} tests pass"
         elif self.status == NOT_STARTED:
             text = NOT_STARTED
-        elif self.status == FAILING:
-            text = f"{FAILING}: {self.passed} of {run} tests pass"
+        elif self.status in (FAILING, IN_PROGRESS):
+            text = f"{self.status}: {self.passed} of {run} tests pass"
         else:
             text = self.status
         if self.skipped and self.status != NO_TESTS:
@@ -176,6 +179,17 @@ def final_line(
             text += (
                 f": your {_and(mine)} now run{'s' if len(mine) == 1 else ''} inside the engine — try "
                 '`.venv/bin/llmrs generate --impl learner "The capital of France is"`'
+            )
+        # engine is empty where the learner backend could not start: then no exercise is said to be outside it
+        outside = [e for e in names if engine and e not in engine]
+        if outside:
+            if outside == names:
+                who = "it is" if len(names) == 1 else "they are"
+            else:
+                who = f"Exercise {outside[0]} is" if len(outside) == 1 else f"Exercises {_and(outside)} are"
+            text += (
+                f"{'; ' if mine else ': '}{who} not part of the engine, so your code runs where the notebook calls "
+                f"it: the cells of section{'s' if len(outside) > 1 else ''} {_and(outside)} in {CHAPTERS[chapter]}.ipynb"
             )
         return f"{text}. {next_step(chapter, names, root)}"
     states = "; ".join(f"Exercise {r.exercise} {r.describe()}" for r in run if r.status != PASSING)

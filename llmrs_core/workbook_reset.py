@@ -7,7 +7,8 @@ the same name; a class whose methods span several exercises has only that
 exercise's methods replaced. Everything else in the learner's file — other
 exercises, imports, helpers they added — stays as it is. The whole file is
 first copied to ``exercises.py.<exercise>-<time>.bak`` beside it, and the
-command names that file.
+command names that file. Where the exercise's definitions are still the stubs,
+nothing is written and no backup made: the command says so.
 
 Run it as ``python -m llmrs_core.workbook_reset 3.6 [--rev REV]``.
 """
@@ -79,10 +80,11 @@ def _replacements(given: str, current: str, exercise: str) -> tuple[list[tuple[t
     return out, names
 
 
-def reset_exercise(exercise: str, root: Path | None = None, rev: str = "HEAD") -> tuple[Path, list[str]]:
+def reset_exercise(exercise: str, root: Path | None = None, rev: str = "HEAD") -> tuple[Path | None, list[str]]:
     """Put back the stubs of ``exercise`` (``"3.6"``) in the learner's ``exercises.py``.
 
-    Returns the backup of the learner's whole file and the names restored.
+    Returns the backup of the learner's whole file and the names restored; the backup is
+    None, and the file unchanged, where every one of them is still the stub.
     Raises :class:`ResetError` (changing nothing) for an unknown exercise, a
     revision without stubs for it, or a file that does not parse.
     """
@@ -112,9 +114,11 @@ def reset_exercise(exercise: str, root: Path | None = None, rev: str = "HEAD") -
             f"{path.relative_to(root)} does not parse (line {e.lineno}: {e.msg}); fix that first, "
             f"or put back the whole file with `git checkout {rev} -- {path.relative_to(root)}`"
         ) from None
+    lines = current.splitlines(keepends=True)
+    if all(span is not None and "".join(lines[span[0] : span[1]]) == new for span, new in edits):
+        return None, names  # never touched: a backup would only be a copy of the stubs
     backup = path.with_name(f"{path.name}.{exercise}-{time.strftime('%Y%m%d-%H%M%S')}.bak")
     shutil.copy2(path, backup)
-    lines = current.splitlines(keepends=True)
     if lines and not lines[-1].endswith("\n"):
         lines[-1] += "\n"
     appended = [t for span, t in edits if span is None]
@@ -136,6 +140,11 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     root = find_root()
     chapter = int(args.exercise.split(".")[0])
+    where = exercises_path(chapter, root).relative_to(root)
+    if backup is None:
+        print(f"Exercise {args.exercise} is still the stubs in {where} ({', '.join(names)}): nothing to put "
+              "back, so nothing was changed and no backup made.")
+        return 0
     print(f"Your exercises.py is saved as {backup.relative_to(root)}.")
     print(f"Exercise {args.exercise}'s stubs are back in {exercises_path(chapter, root).relative_to(root)}: "
           f"{', '.join(names)}.")
