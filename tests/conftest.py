@@ -42,6 +42,7 @@ from llmrs_core.workbook import (
     parse_exercise,
     say_exercises,
 )
+from llmrs_core.workbook_failures import RepeatedDiagnoses, without_introspection
 from llmrs_core.workbook_report import LEGEND, PASSING, engine_parts, final_line, results_for, stub_lines
 
 TESTS = Path(__file__).resolve().parent
@@ -85,6 +86,7 @@ def pytest_configure(config: pytest.Config) -> None:
 _SELECTED = pytest.StashKey[set]()  # exercises named by --exercise ("3.6")
 _RUN = pytest.StashKey[dict]()  # chapter -> exercises whose tests were collected; None: not only chapter tests
 _LAST_LINE = pytest.StashKey[str]()
+_DIAGNOSES = pytest.StashKey[RepeatedDiagnoses]()  # learner runs: each diagnosis shown in full once
 
 
 def _selected_exercises(values: list[str]) -> set[str]:
@@ -273,8 +275,20 @@ def _not_implemented_message(excinfo: pytest.ExceptionInfo | None) -> str | None
     return None
 
 
+def _learner_failure(item: pytest.Item, call: pytest.CallInfo) -> bool:
+    """A chapter test failing on the learner's code (not the stub check, not the solutions)."""
+    return (call.when == "call" and call.excinfo is not None and _chapter_of(item.path) is not None
+            and not item.config.getoption("--expect-stubs") and _impl(item.config) == "learner")
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
+    learner_failure = _learner_failure(item, call)
+    if learner_failure and isinstance(call.excinfo.value, AssertionError) and call.excinfo.value.args:
+        # the exercise's message is the diagnosis: pytest's "assert ... + where <whole arrays>" below it goes
+        # (read when the report is made, just below)
+        exc = call.excinfo.value
+        exc.args = (without_introspection(str(exc.args[0])), *exc.args[1:])
     outcome = yield
     rep = outcome.get_result()
     if call.when == "teardown" or _chapter_of(item.path) is None:
@@ -286,6 +300,12 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
         if message:
             rep.llmrs_not_implemented = message
             rep.longrepr = message
+        elif learner_failure and rep.failed:  # one mistake, many tests: the diagnosis once, the rest a line each
+            diagnoses = item.config.stash.setdefault(_DIAGNOSES, RepeatedDiagnoses())
+            kind, text = type(call.excinfo.value).__name__, str(call.excinfo.value)
+            first = diagnoses.seen(kind, text, item.name)
+            if first is not None:
+                rep.longrepr = RepeatedDiagnoses.one_line(kind, text, first)
         return
 
     # stub check: "not implemented" is the one right answer
