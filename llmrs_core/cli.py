@@ -296,6 +296,8 @@ def _bench_serve(args: argparse.Namespace) -> int:
     from .bench import serve as bs
     from .bench.serve_compare import compare, format_table, write_plot
 
+    args.input_len = 128 if args.input_len is None else args.input_len
+    args.output_len = 64 if args.output_len is None else args.output_len
     for name, n in (("--num-prompts", args.num_prompts), ("--input-len", args.input_len),
                     ("--output-len", args.output_len)):
         check_int(name, n, minimum=1)
@@ -365,6 +367,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
         if args.backend:
             raise ValueError("give --impl or --backend, not both (--impl learner is --backend learner)")
         args.backend = _backend_of(args)
+    if args.what not in ("serve", "throughput") and (args.input_len is not None or args.output_len is not None):
+        given = "--input-len" if args.input_len is not None else "--output-len"
+        instead = " (prompt and generated tokens: --pp and --tg)" if args.what == "speed" else ""
+        raise ValueError(f"{given} is for bench serve and bench throughput; bench {args.what} does not take it{instead}")
     if args.what == "serve":
         return _bench_serve(args)
     if args.what in ("all", "compare"):
@@ -389,10 +395,23 @@ def cmd_bench(args: argparse.Namespace) -> int:
     backends = _backends(args.backend)
     if len(backends) != 1:
         raise ValueError("bench throughput measures one backend; give --backend one name")
-    model = load(args.model, backend=backends[0], threads=args.threads)
     check_int("--requests", args.requests, minimum=1)
     check_int("--max-num-seqs", args.max_num_seqs, minimum=1)
-    result = throughput(model, n_requests=args.requests, seed=args.seed, max_num_seqs=args.max_num_seqs)
+    lengths = {}  # the random workload's longest prompt and output (lengths are drawn from 16 up to them)
+    for name, value, key in (("--input-len", args.input_len, "max_prompt"), ("--output-len", args.output_len,
+                                                                          "max_output")):
+        if value is not None:
+            lengths[key] = check_int(name, value, minimum=1)
+    model = load(args.model, backend=backends[0], threads=args.threads)
+    if backends[0] == "learner" and not args.json:  # the YOURS table first: which of the learner's parts run
+        print(model.backend_report(), flush=True)
+    _warm_up(model)
+
+    def say(line: str) -> None:  # lines on stderr, flushed: they show through a pipe, and as they come
+        print(line, file=sys.stderr, flush=True)
+
+    result = throughput(model, n_requests=args.requests, seed=args.seed, max_num_seqs=args.max_num_seqs,
+                        progress=say, **lengths)
     from .bench.speed import machine
 
     result |= {"backend": model.backend_report().splitlines()[0], "threads": args.threads, "machine": machine(),
@@ -400,8 +419,6 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(result, indent=2))
     else:
-        if backends[0] == "learner":  # the YOURS table: which of the learner's parts the engine ran
-            print(model.backend_report())
         print(format_throughput(result))
     return 0
 
@@ -465,6 +482,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     tracer_provider = otlp_provider_from_env()  # ValueError naming the package when the exporter is missing
     model = load(args.model, backend=args.backend, threads=args.threads, exact=args.exact)
+    if args.backend == "learner":  # which parts of the engine behind this server are the learner's
+        print(model.backend_report(), file=sys.stderr)
     api_key = args.api_key if args.api_key is not None else os.environ.get("LLMRS_API_KEY")
     app = create_app(model, served_model_name=args.served_model_name, max_num_seqs=args.max_num_seqs,
                      num_blocks=args.num_blocks, max_queue=args.max_queue, api_key=api_key or None,
@@ -626,8 +645,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="serve: open loop, requests/s (gamma arrivals), one run per rate")
     p.add_argument("--burstiness", type=float, help="serve: gamma shape of the arrivals (1 = Poisson, default)")
     p.add_argument("--num-prompts", type=int, default=32, help="serve: requests per run (default 32)")
-    p.add_argument("--input-len", type=int, default=128, help="serve: prompt tokens, random dataset (default 128)")
-    p.add_argument("--output-len", type=int, default=64, help="serve: tokens generated per request (default 64)")
+    p.add_argument("--input-len", type=int,
+                   help="serve: prompt tokens, random dataset (default 128); throughput: the longest prompt of "
+                        "the random workload, whose lengths are drawn from 16 up to it (default 128)")
+    p.add_argument("--output-len", type=int,
+                   help="serve: tokens generated per request (default 64); throughput: the longest output of "
+                        "the random workload, drawn from 16 up to it (default 64)")
     p.add_argument("--dataset", choices=("random", "prompts"), default="random",
                    help="serve: random token prompts, or the shipped prompt set (default random)")
     p.add_argument("--length-field", choices=("ignore_eos", "min_tokens", "none"), default="ignore_eos",

@@ -135,7 +135,7 @@ def speed(path=None, backends: tuple[str, ...] = ("numba",), pp: int = 512, tg: 
     float kernels; ``"numba"`` is its default, the int8 decode path where the CPU has
     AVX2), when ``"numba"`` is among ``backends``. Returns ``{"model", "threads",
     "pp_tokens", "tg_tokens", "repetitions", "machine", "backends": {name:
-    {"pp": {...}, "tg": {...}, "describe": str}}, "llama_cpp": {...} or None,
+    {"pp": {...}, "tg": {...}, "describe": str (the backend's report)}}, "llama_cpp": {...} or None,
     "ratio": {name: {"pp", "tg"}}}`` where each measurement is
     ``{"tokens_per_s" (median), "min", "max", "runs"}`` and ``ratio`` is ours
     over llama.cpp's (present when llama.cpp ran).
@@ -158,7 +158,7 @@ def speed(path=None, backends: tuple[str, ...] = ("numba",), pp: int = 512, tg: 
         result["model"], model_path = model.name, model.path
         label = name + ("-exact" if with_exact else "")
         engines[label] = (*_our_runs(model, pp, tg), threads)
-        described[label] = model.backend_report().splitlines()[0]
+        described[label] = model.backend_report()  # whole: the learner's is a list of who computes what
     if compare and model_path:
         runs = _llama_cpp_runs(model_path, pp, tg, threads)
         if runs is not None:
@@ -222,7 +222,9 @@ def format_speed(r: dict) -> str:
                          f"   loss against quiet: pp {loss.get('pp', float('nan')):.2f}x, "
                          f"tg {loss.get('tg', float('nan')):.2f}x")
     for name, m in r["backends"].items():
-        lines.append(f"  {name}: {m['describe']}")
+        first, *rest = m["describe"].splitlines() or [""]
+        lines.append(f"  {name}: {first}")
+        lines += [f"  {line}" for line in rest]
     flags = r["machine"].get("flags") or {}
     lines.append(f"  CPU flags: {' '.join(f for f, present in flags.items() if present) or 'not known'}")
     return "\n".join(lines)

@@ -7,11 +7,17 @@ median and p99. The same workload through one request at a time gives the
 single-sequence decode speed, for the batching speed-up. A prefix-heavy
 workload (a shared system prompt plus a short question) shows what the
 prefix cache saves, with it on and off.
+
+The run takes seconds on the Numba backend and minutes on the NumPy-based ones (the
+learner's, ``--impl learner``): ``progress`` receives a line as each of its five parts
+starts and ends, and one every few seconds while the engine runs a workload, so the CLI
+can show it on stderr (lines, not a redrawn one: they read the same through a pipe).
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import numpy as np
 
@@ -19,19 +25,32 @@ from ..engine import Engine
 from ..validation import check_int
 from .common import percentiles, random_ids
 
+#: receives one line of progress (the CLI prints it on stderr)
+Progress = Callable[[str], None]
+#: seconds between two progress lines while a workload runs
+PROGRESS_EVERY = 5.0
+
 
 def run_workload(
     net, tokenizer, prompts: list[list[int]], output_lens: list[int], *, max_num_seqs: int = 16,
-    prefix_caching: bool = True, block_size: int = 16,
+    prefix_caching: bool = True, block_size: int = 16, progress: Progress | None = None,
 ) -> dict:
-    """Run the requests together; throughput and latency figures as a dict."""
+    """Run the requests together; throughput and latency figures as a dict. ``progress`` gets a
+    line every :data:`PROGRESS_EVERY` seconds: requests finished and tokens generated so far."""
     needed = sum(-(-(len(p) + n) // block_size) for p, n in zip(prompts, output_lens))
     engine = Engine(net, tokenizer, num_blocks=needed + 8, block_size=block_size, max_num_seqs=max_num_seqs,
                     prefix_caching=prefix_caching)
     start = time.perf_counter()
     rids = [engine.add_request(p, n, ignore_eos=True) for p, n in zip(prompts, output_lens)]
-    for _ in engine.run():
-        pass
+    finished = tokens = 0
+    said = start
+    for output in engine.run():
+        finished += output.finished
+        tokens += len(output.new_token_ids)
+        if progress is not None and time.perf_counter() - said >= PROGRESS_EVERY:
+            said = time.perf_counter()
+            progress(f"    {finished} of {len(rids)} requests finished, {tokens} of {sum(output_lens)} tokens "
+                     f"generated, {said - start:.0f} s")
     elapsed = time.perf_counter() - start
     ttft, itl, out_tokens = [], [], 0
     for rid in rids:
@@ -83,21 +102,53 @@ def batched_decode_tokens_per_s(net, batch: int = 16, n_prompt: int = 64, n_step
     return batch * n_steps / (time.perf_counter() - start)
 
 
+class _Parts:
+    """Says each part of the run as it starts and ends: ``[2/5] ... done in 3.1 s``."""
+
+    def __init__(self, progress: Progress | None, total: int):
+        self.progress, self.total, self.number = progress, total, 0
+
+    def __call__(self, what: str, run: Callable[[], object]) -> object:
+        self.number += 1
+        say = self.progress or (lambda line: None)
+        say(f"bench throughput [{self.number}/{self.total}] {what} ...")
+        start = time.perf_counter()
+        result = run()
+        say(f"bench throughput [{self.number}/{self.total}] done in {time.perf_counter() - start:.1f} s")
+        return result
+
+
 def throughput(model, n_requests: int = 32, seed: int = 0, max_prompt: int = 128, max_output: int = 64,
-               max_num_seqs: int = 16) -> dict:
-    """The random workload and the prefix-heavy one, with their comparisons."""
+               max_num_seqs: int = 16, progress: Progress | None = None) -> dict:
+    """The random workload and the prefix-heavy one, with their comparisons.
+
+    Prompt and output lengths of the random workload are drawn from ``min(16, max_prompt)``
+    to ``max_prompt`` tokens and ``min(16, max_output)`` to ``max_output`` (the CLI's
+    ``--input-len`` and ``--output-len``). ``progress`` receives a line per part and while
+    the engine runs (see the module's note).
+    """
     check_int("n_requests", n_requests, minimum=1)
+    check_int("max_prompt", max_prompt, minimum=1)
+    check_int("max_output", max_output, minimum=1)
     net, tok = model.network, model.tokenizer
     rng = np.random.default_rng(seed)
     vocab = net.config.vocab_size
-    prompts = [random_ids(rng, vocab, int(rng.integers(16, max_prompt + 1))) for _ in range(n_requests)]
-    outs = [int(rng.integers(16, max_output + 1)) for _ in range(n_requests)]
-    result = {"workload": {"n_requests": n_requests, "seed": seed, "prompt_tokens": [16, max_prompt],
-                           "output_tokens": [16, max_output], "max_num_seqs": max_num_seqs}}
-    result["batched"] = run_workload(net, tok, prompts, outs, max_num_seqs=max_num_seqs, prefix_caching=False)
-    result["single_decode_tokens_per_s"] = single_decode_tokens_per_s(net)
+    prompt_range, output_range = [min(16, max_prompt), max_prompt], [min(16, max_output), max_output]
+    prompts = [random_ids(rng, vocab, int(rng.integers(prompt_range[0], max_prompt + 1))) for _ in range(n_requests)]
+    outs = [int(rng.integers(output_range[0], max_output + 1)) for _ in range(n_requests)]
+    result = {"workload": {"n_requests": n_requests, "seed": seed, "prompt_tokens": prompt_range,
+                           "output_tokens": output_range, "max_num_seqs": max_num_seqs}}
+    part = _Parts(progress, 5)
+    result["batched"] = part(
+        f"{n_requests} random requests, up to {max_num_seqs} at once",
+        lambda: run_workload(net, tok, prompts, outs, max_num_seqs=max_num_seqs, prefix_caching=False,
+                             progress=progress))
+    result["single_decode_tokens_per_s"] = part("one sequence alone: 64 decode steps",
+                                                lambda: single_decode_tokens_per_s(net))
     result["batching_speedup"] = result["batched"]["output_tokens_per_s"] / result["single_decode_tokens_per_s"]
-    result["batched_decode_tokens_per_s"] = batched_decode_tokens_per_s(net, batch=max_num_seqs)
+    result["batched_decode_tokens_per_s"] = part(
+        f"{max_num_seqs} sequences per step: 32 decode steps",
+        lambda: batched_decode_tokens_per_s(net, batch=max_num_seqs))
     result["decode_speedup"] = result["batched_decode_tokens_per_s"] / result["single_decode_tokens_per_s"]
     system = tok.encode(
         "<|im_start|>system\nYou are a careful assistant. Answer in one short sentence, cite no sources, "
@@ -110,8 +161,14 @@ def throughput(model, n_requests: int = 32, seed: int = 0, max_prompt: int = 128
     shared = [few_shot + q for q in questions]
     short = [16] * n_requests
     result["prefix_workload"] = {"shared_prefix_tokens": len(few_shot)}
-    result["prefix_off"] = run_workload(net, tok, shared, short, max_num_seqs=max_num_seqs, prefix_caching=False)
-    result["prefix_on"] = run_workload(net, tok, shared, short, max_num_seqs=max_num_seqs, prefix_caching=True)
+    result["prefix_off"] = part(
+        f"{n_requests} requests sharing a {len(few_shot)}-token prefix, prefix cache off",
+        lambda: run_workload(net, tok, shared, short, max_num_seqs=max_num_seqs, prefix_caching=False,
+                             progress=progress))
+    result["prefix_on"] = part(
+        "the same with the prefix cache on",
+        lambda: run_workload(net, tok, shared, short, max_num_seqs=max_num_seqs, prefix_caching=True,
+                             progress=progress))
     result["prefix_speedup"] = result["prefix_on"]["requests_per_s"] / result["prefix_off"]["requests_per_s"]
     return result
 
