@@ -5,7 +5,7 @@
 #   make test                  set up if needed, run the whole suite (what CI runs)
 #   make test-chapter 1        check your exercises for chapter 1 (IMPL=solutions for ours)
 #   make test-exercise E=1.6   check one exercise
-#   make progress              every exercise: not started, failing or passing; used by the engine?
+#   make progress              every exercise: not started, in progress, failing or passing; used by the engine?
 #   make reset E=1.6           put back the stubs of one exercise (your file is backed up first)
 #   make test-portable         the engine's numeric tests with Numba compiling for haswell, then generic
 #   make nbval-portable        the notebooks of chapters 3-11 and appendix B with Numba compiling for haswell (run after editing one)
