@@ -27,11 +27,14 @@ _NUMBER = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?")
 
 def without_introspection(message: str) -> str:
     """An ``AssertionError``'s text with pytest's explanation dropped where the test gave a
-    message (pytest appends it as a line starting ``assert``); else the explanation with each
-    line cut to :data:`LINE_LIMIT` characters."""
+    message (pytest appends it as a line starting ``assert``); for a bare ``assert``, the
+    explanation with each line cut to :data:`LINE_LIMIT` characters; any other text as it is
+    (an ``AssertionError`` the test's own helpers raise is all diagnosis)."""
     lines = message.split("\n")
     start = next((i for i, line in enumerate(lines) if line.startswith("assert ")), None)
-    if start is not None and start > 0:
+    if start is None:  # raised by the test's own code (assert_matches, say): all of it is the diagnosis
+        return message
+    if start > 0:
         return "\n".join(lines[:start]).rstrip()
     return "\n".join(line if len(line) <= LINE_LIMIT else line[: LINE_LIMIT - 1] + "…" for line in lines)
 

@@ -28,3 +28,8 @@ def test_diagnoses_differing_only_in_numbers_are_one():
     assert seen.seen("AssertionError", "swapped nibbles", "test_b") is None
     line = RepeatedDiagnoses.one_line("AssertionError", "off by 4\nmore", "test_a[1]")
     assert line == "AssertionError: off by 4  (the same diagnosis as test_a[1], shown in full above)"
+
+
+def test_a_helpers_long_diagnosis_is_kept_whole():
+    long = "your attention differs from the reference by up to 0.3; first at " + "query 3, head 1, " * 20
+    assert without_introspection(long) == long
