@@ -56,6 +56,12 @@ def quantize_int(
     A block of zeros gets scale 0 and zero codes (no NaN). Codes have ``x``'s shape,
     dtype int8 (uint8 for asymmetric int4); scales are float32. Non-finite input or a
     group size that does not divide the last axis raises ``ValueError``.
+
+    Compute the scales in float64 and store them as float32. The exact scale lies between two
+    float32 values: the engine takes the one above (so that ``max|x| / scale`` never passes
+    ``qmax``), ``.astype(np.float32)`` the nearest. Either is right, and the notebook and the
+    tests accept scales one float32 step (ulp) from the engine's, and a code one apart where
+    ``x / scale`` is exactly half-way between two codes (a tie) — see ``integer.disagreement``.
     """
     raise NotImplementedError(
         "Exercise 6.6 `quantize_int`: not implemented yet — see ch06_quantization.ipynb §6.6"
@@ -81,9 +87,11 @@ def unpack_int4(packed: np.ndarray, *, signed: bool) -> np.ndarray:
 def quantize_q4_0(x: np.ndarray) -> np.ndarray:
     """GGML Q4_0 blocks of float32 ``x [..., n]`` (n a multiple of 32) -> uint8 ``[..., n / 32 * 18]``.
 
-    Per block of 32: ``m`` = the value of largest magnitude, with its sign; ``d = m / -8``;
-    ``q = min(15, trunc(x / d + 8.5))`` (0 where ``d == 0``); store ``d`` as fp16 (2 bytes)
-    then 16 bytes: byte j = ``q[j] | q[j + 16] << 4``. Divide by the float32 ``d``, as ggml does.
+    Per block of 32: ``m`` = the value of largest magnitude, with its sign; ``d = m / -8``
+    (float32); ``q = min(15, trunc(x * id + 8.5))`` with ``id = 1 / d`` in float32, as ggml
+    multiplies (dividing by ``d`` rounds differently), and ``id = 0`` where ``d == 0``: a block
+    of zeros gets code 8 everywhere (bytes 0x88), as in ggml. Store ``d`` as fp16 (2 bytes)
+    then 16 bytes: byte j = ``q[j] | q[j + 16] << 4``.
     """
     raise NotImplementedError(
         "Exercise 6.6 `quantize_q4_0`: not implemented yet — see ch06_quantization.ipynb §6.6"
@@ -92,8 +100,9 @@ def quantize_q4_0(x: np.ndarray) -> np.ndarray:
 
 def quantize_q4_1(x: np.ndarray) -> np.ndarray:
     """GGML Q4_1 blocks: per 32 values ``d = (max - min) / 15``, ``m = min``,
-    ``q = min(15, trunc((x - min) / d + 0.5))``; bytes: fp16 d, fp16 m, 16 bytes of nibbles
-    as in Q4_0. ``[..., n]`` -> ``[..., n / 32 * 20]``."""
+    ``q = min(15, trunc((x - min) * id + 0.5))`` with ``id = 1 / d`` in float32 (0 where
+    ``d == 0``), as in Q4_0; bytes: fp16 d, fp16 m, 16 bytes of nibbles as in Q4_0.
+    ``[..., n]`` -> ``[..., n / 32 * 20]``."""
     raise NotImplementedError(
         "Exercise 6.6 `quantize_q4_1`: not implemented yet — see ch06_quantization.ipynb §6.6"
     )

@@ -16,8 +16,9 @@ that our bytes equal llama.cpp's:
 * **Q5_1** (asymmetric, 6 bits): Q4_1 with 32 levels: ``d = (max - min) / 31``;
   ``q = trunc((x - min) / d + 0.5)`` (``quantize_row_q5_1_ref``: no clamp).
 
-The scales are stored as fp16, but quantisation divides by the float32
-scale, as ggml does. Shapes: ``x`` is float32 ``[..., n]`` with ``n`` a
+The scales are stored as fp16, but quantisation multiplies by ``1 / d`` in
+float32, as ggml does (0 where ``d`` is 0: a Q4_0 block of zeros gets code 8,
+bytes 0x88). Shapes: ``x`` is float32 ``[..., n]`` with ``n`` a
 multiple of 32; the result is ``uint8 [..., n / 32 * type_size]``.
 """
 

@@ -16,7 +16,10 @@ bits        symmetric          asymmetric (affine)
 4           [-7, 7]            [0, 15]      unsigned 4-bit, the usual choice
 ==========  =================  ====================================================
 
-Symmetric uses ``scale = max|x| / qmax``. The int8 and int4 storage ranges
+Symmetric uses ``scale = max|x| / qmax``, computed in float64 and stored as
+float32: the float32 neighbour above, so that ``max|x| / scale`` never passes
+``qmax`` (that matters for subnormal scales only; rounding to the nearest
+float32 is as good elsewhere, see :func:`disagreement`). The int8 and int4 storage ranges
 are [-128, 127] and [-8, 7], but the symmetric scheme leaves the most
 negative code unused so that ``x`` and ``-x`` get opposite codes and nothing
 is clipped: every error is at most ``scale / 2``. (GGML's Q4_0 does use -8,
@@ -46,6 +49,7 @@ __all__ = [
     "QuantError",
     "QuantScheme",
     "QuantizedTensor",
+    "disagreement",
     "max_abs_error",
     "pack_int4",
     "quantization_error",
@@ -258,6 +262,56 @@ def unpack_int4(packed: np.ndarray, *, signed: bool) -> np.ndarray:
         # sign-extend the 4-bit two's complement: 8..15 -> -8..-1
         return ((out.astype(np.int8) ^ 8) - 8).astype(np.int8)
     return out
+
+
+def disagreement(x: np.ndarray, ours: QuantizedTensor, ref: QuantizedTensor) -> str | None:
+    """How ``ours`` differs from ``ref`` as a quantisation of ``x`` beyond what rounding allows;
+    ``None`` when the two agree.
+
+    Two correct quantisers can differ by rounding alone. The exact scale (a float64 quotient)
+    lies between two float32 values and either is a fair choice: :func:`quantize` takes the
+    one above, rounding to nearest takes the one below about half of the time. With scales one
+    float32 step (ulp) apart, a value on a tie (``x / scale`` half-way between two codes, which
+    is common when ``x`` itself lies on a grid, as dequantised weights do) rounds to either code.
+    So ``ours`` agrees when it has the same scheme, shapes and dtypes, scales equal to ``ref``'s or
+    their float32 neighbours, the same zero points, and the same codes except at a tie, where a
+    code may be one apart. ``x``: the array both quantised, any shape.
+    """
+    if ours.scheme != ref.scheme:
+        return f"scheme {ours.scheme}, the reference's is {ref.scheme}"
+    for what, a, b in (("codes", ours.codes, ref.codes), ("scales", ours.scales, ref.scales)):
+        a = np.asarray(a)
+        if a.shape != b.shape or a.dtype != b.dtype:
+            return f"{what} of shape {a.shape} and dtype {a.dtype}, the reference's {b.shape} {b.dtype}"
+    if (ours.zero_points is None) != (ref.zero_points is None):
+        return f"zero points {'None' if ours.zero_points is None else 'given'}, the reference's are not"
+    so, sr = (np.asarray(q.scales, np.float64).reshape(-1) for q in (ours, ref))
+    # float32 values in order are their bit patterns in order: the difference counts the float32 values apart
+    steps = np.abs(np.asarray(ours.scales).reshape(-1).view(np.int32).astype(np.int64)
+                   - ref.scales.reshape(-1).view(np.int32).astype(np.int64))
+    if not np.all(steps <= 1):
+        i = int(np.argmax(steps))
+        return (f"the scale of block {i} is {so[i]:.9g}, the reference's {sr[i]:.9g}: {steps[i]} float32 steps "
+                "apart, where rounding the exact scale to float32 allows 1")
+    zr = np.zeros(len(sr)) if ref.zero_points is None else ref.zero_points.reshape(-1).astype(np.float64)
+    if ours.zero_points is not None and not np.array_equal(ours.zero_points, ref.zero_points):
+        i = int(np.flatnonzero(ours.zero_points.reshape(-1) != ref.zero_points.reshape(-1))[0])
+        return f"the zero point of block {i} is {ours.zero_points.reshape(-1)[i]}, the reference's {int(zr[i])}"
+    # where each value lies between codes, on the reference's scale; a block of zeros divides by 1, as quantize does
+    xb = _blocks(np.asarray(x, np.float64), ref.scheme)
+    inv_o, inv_r = (np.where(s > 0, 1.0 / np.where(s > 0, s, 1.0), 1.0)[:, None] for s in (so, sr))
+    t = xb * inv_r + zr[:, None]
+    # how far ours may see it moved: its own scale, and a float32 quotient (half an ulp, doubled)
+    slack = np.abs(xb) * np.abs(inv_o - inv_r) + np.abs(t) * 2.0**-23
+    co, cr = (_blocks(q.codes, ref.scheme).astype(np.int64) for q in (ours, ref))
+    tie = (np.abs(co - cr) == 1) & (np.abs(t - (co + cr) / 2) <= slack)
+    bad = np.flatnonzero(((co != cr) & ~tie).reshape(-1))
+    if bad.size:
+        i = int(bad[0])
+        at = tuple(int(k) for k in np.unravel_index(i, ours.codes.shape))
+        return (f"{bad.size} codes differ by more than a tie allows; the first, at {at}, is {co.reshape(-1)[i]}, "
+                f"the reference's {cr.reshape(-1)[i]}, where x / scale (+ zero point) = {t.reshape(-1)[i]:.6g}")
+    return None
 
 
 @dataclass(frozen=True)
