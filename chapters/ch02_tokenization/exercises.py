@@ -78,7 +78,9 @@ def train_bpe(text: str, num_merges: int, min_frequency: int = 2) -> list[tuple[
     word. Then repeat: count every adjacent pair of symbols over all words
     (weighted by how often the word occurs), pick the most frequent pair —
     ties go to the pair that sorts first (``min`` over ``(-count, pair)``) —
-    record it, and replace it by the merged symbol everywhere. Stop after
+    record it, and replace it by the merged symbol everywhere: in each word left
+    to right, without overlaps (``a a a`` with ``(a, a)`` becomes ``aa a``, and a
+    word's symbols always join back to the word). Stop after
     ``num_merges`` merges, or when the best pair occurs fewer than
     ``min_frequency`` times. Return the merges in order.
     """

@@ -147,6 +147,59 @@ def test_each_training_mistake_gets_its_own_message(mistake):
     edit, test, message = TRAIN_MISTAKES[mistake]
     out = failure(test, ex_with(train_bpe=plant(bpe.train_bpe, edit)))
     assert message in out, out
+    assert "overlap" not in out and "your pretokenize fails" not in out, out
+
+
+REPLACE = """            i = 0
+            while i < len(parts) - 1:
+                if parts[i] == best[0] and parts[i + 1] == best[1]:
+                    parts[i : i + 2] = [merged]
+                i += 1
+"""
+OVERLAPPING = {
+    # every occurrence merged, overlapping ones too: `a a a` -> `aa aa`
+    "overlapping occurrences merged": """            hits = {i for i in range(len(parts) - 1) if (parts[i], parts[i + 1]) == best}
+            parts[:] = [merged if i in hits else p for i, p in enumerate(parts) if i in hits or i - 1 not in hits]
+""",
+    # a comprehension over the pairs that keeps the right-hand symbol too: `a b` -> `ab b`
+    "the right-hand symbol kept": """            parts[:] = [merged if (a, b) == best else a for a, b in zip(parts, parts[1:])] + parts[-1:]
+""",
+}
+
+
+@pytest.mark.parametrize("mistake", OVERLAPPING)
+def test_overlapping_merges_are_named(mistake):
+    ex = ex_with(train_bpe=plant(bpe.train_bpe, (REPLACE, OVERLAPPING[mistake])))
+    out = failure(T24.test_ex2_4_train_bpe_worked_example, ex)
+    assert "your merges overlap" in out and "never `aa aa`" in out, out
+    try:  # where the 100 merges fail, they say so too, and do not blame the word boundaries
+        out = failure(T24.test_ex2_4_train_bpe_first_merges_are_the_most_frequent_pairs, ex)
+    except pytest.fail.Exception:
+        return
+    assert "your merges overlap" in out and "never across a word boundary" not in out, out
+
+
+def test_the_right_hand_symbol_kept_is_not_blamed_on_word_boundaries():
+    """The mistake the issue saw blamed on word boundaries: its 100 merges make 'Ġtt', in no word."""
+    ex = ex_with(train_bpe=plant(bpe.train_bpe, (REPLACE, OVERLAPPING["the right-hand symbol kept"])))
+    out = failure(T24.test_ex2_4_train_bpe_first_merges_are_the_most_frequent_pairs, ex)
+    assert "which is in no word of the text: your merges overlap" in out, out
+
+
+@pytest.mark.parametrize("mistake", ["spaces dropped", "no digit split"])
+def test_train_bpe_on_a_wrong_pretokenize_points_at_it(mistake):
+    """A learner's train_bpe calls their pretokenize: its failure says that pretokenize fails on the text too.
+    (Digits split after the pattern learns the right 100 merges: the training text has no digit after spaces.)"""
+    wrong = PRETOKENIZE_MISTAKES[mistake][0]
+    ex = ex_with(pretokenize=wrong, train_bpe=plant(bpe.train_bpe, pretokenize=wrong))
+    out = failure(T24.test_ex2_4_train_bpe_first_merges_are_the_most_frequent_pairs, ex)
+    assert "your pretokenize fails on this text" in out and "never across a word boundary" not in out, out
+
+
+def test_a_right_pretokenize_is_not_pointed_at():
+    out = failure(T24.test_ex2_4_train_bpe_first_merges_are_the_most_frequent_pairs,
+                  ex_with(train_bpe=plant(bpe.train_bpe, TRAIN_MISTAKES["pairs across words"][0])))
+    assert "pretokenize fails" not in out, out
 
 
 # -- Exercise 2.5: render_chatml ------------------------------------------------------------
