@@ -8,8 +8,8 @@ dequantises a band of rows at a time and lets BLAS multiply. The small
 operations are single-pass Numba kernels (``kernels.cpu.ops``).
 
 Int8 path (the default where Numba's target has AVX2, ``kernels.cpu.int8.int8_unavailable``):
-every product of a matrix with an int8 copy (Q4_0, Q4_1, Q4_K, Q8_0) quantises the
-activations to 8 bits and takes integer dot products, as llama.cpp does
+every product of a matrix with an int8 copy (every quantised type the engine reads) quantises
+the activations to 8 bits as llama.cpp does for that type and takes integer dot products
 (``kernels.cpu.int8``: AVX-512 VNNI's ``vpdpbusd`` where the target declares it, AVX2's
 ``vpmaddubsw``/``vpmaddwd`` otherwise), in decode steps and prompts of any length alike;
 each such matrix keeps a copy grouped for those kernels (SmolLM2: 112 MB more, 80 of them
@@ -25,8 +25,8 @@ per-query routine — so the same request gives the same greedy tokens cold or t
 prefix cache, alone or batched, in one prefill or in chunks, before or after a preemption
 (tests/core/test_batch_invariance.py). No step goes through BLAS on this path: a BLAS
 product's rows, and NumPy's attention over a long prompt, change with the step's shape.
-A Q4/Q8 matrix without an int8 copy (Q6_K's 16-weight blocks) takes the float kernel that
-is row-by-row too (``kmatmul.matmul_rowwise``); a float32 matrix is multiplied by BLAS,
+A packed matrix without an int8 copy takes the float kernel that is row-by-row too
+(``kmatmul.matmul_rowwise``); a float32 matrix (F32, F16, BF16) is multiplied by BLAS,
 which keeps invariance to float32 rounding only. What it costs against BLAS prompts is
 measured in the README (Batch invariance): about 12% of pp512, nothing in decode.
 
@@ -52,10 +52,18 @@ from numba import njit, prange
 
 from .. import layers
 from ..attention import PLAIN, AttentionOptions, attention_with_options
+from ..formats.ggml_types import GGMLType
 from ..kernels.cpu import matmul as kmatmul
 from ..kernels.cpu import ops
-from ..kernels.cpu.int8 import int8_instructions, int8_rows, int8_unavailable, matmul_int8
-from ..kernels.cpu.packing import PackedMatrix, fuse, pack_float, pack_raw
+from ..kernels.cpu.int8 import (
+    Int8Rows,
+    int8_instructions,
+    int8_rows,
+    int8_rows_unsigned,
+    int8_unavailable,
+    matmul_int8,
+)
+from ..kernels.cpu.packing import PackedMatrix, fuse, pack_float, pack_raw, unsigned_parts
 from ..kernels.cpu.threads import BlasThreads, describe, set_threads
 from ..rope import rope_frequencies
 from .base import Backend
@@ -124,10 +132,18 @@ class NumbaBackend(Backend):
                 return packed
         return pack_float(source.float32(name), source.tensors[name].type_name)
 
+    def _int8_copy(self, source: WeightSource, name: str, packed: PackedMatrix) -> Int8Rows | None:
+        """The int8 kernels' copy of a matrix: from its packed form, or for the types no packed form
+        holds (Q5_1, Q5_K, Q2_K, kept as float32) from its stored blocks."""
+        copy = int8_rows(packed)
+        stored = source.blocks(name) if copy is None and packed.kind == "f32" else None
+        parts = unsigned_parts(stored[0], stored[1], packed.shape) if stored is not None else None
+        return copy if parts is None else int8_rows_unsigned(*parts, GGMLType(stored[1]).name)
+
     def load_matrix(self, source: WeightSource, name: str) -> PackedMatrix:
         packed = self._pack(source, name)
         if self.int8_reason is None:
-            packed.int8 = int8_rows(packed)
+            packed.int8 = self._int8_copy(source, name, packed)
         return packed
 
     def load_matrices(self, source: WeightSource, names: list[str]) -> list[PackedMatrix]:
@@ -135,8 +151,8 @@ class NumbaBackend(Backend):
         fused = fuse(parts)
         if fused is None:
             if self.int8_reason is None:
-                for p in parts:
-                    p.int8 = int8_rows(p)
+                for name, p in zip(names, parts):
+                    p.int8 = self._int8_copy(source, name, p)
             return parts
         whole = fused[0].fused
         if self.int8_reason is None and whole is not None:
@@ -177,7 +193,7 @@ class NumbaBackend(Backend):
         if w.int8 is not None:
             return matmul_int8(x, w.int8)  # the int8 path: any step, each row alone
         if self.int8_reason is None and w.kind != "f32":
-            return kmatmul.matmul_rowwise(x, w)  # the int8 path's Q6_K: still each row alone
+            return kmatmul.matmul_rowwise(x, w)  # a packed matrix without a copy: still each row alone
         if x.shape[0] <= self.numba_rows and w.kind != "f32":
             return kmatmul.matmul(x, w)  # the exact path's small steps (and a BLAS step's head rows)
         return self._blas_matmul(x, w)

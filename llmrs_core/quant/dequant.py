@@ -89,9 +89,8 @@ def dequantize_q5_0(raw: np.ndarray) -> np.ndarray:
 
 
 def dequantize_q5_1(raw: np.ndarray) -> np.ndarray:
-    b = split_blocks(raw, GGMLType.Q5_1)
-    q = unpack_five_bits(b[:, 4:8], b[:, 8:]).astype(np.float32)
-    return (fp16_field(b, 0) * q + fp16_field(b, 2)).reshape(-1)
+    q, d, m = q5_1_affine(raw)
+    return (d[:, None] * q.astype(np.float32) + m[:, None]).reshape(-1)
 
 
 #: IQ4_NL / IQ4_XS's 16 levels (ggml-common.h ``kvalues_iq4nl``): a non-uniform 4-bit grid
@@ -118,6 +117,12 @@ def q4_1_affine(raw: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Q4_1 bytes as ``w = d * q + m``: codes uint8 ``[n_blocks, 32]``, ``d``, ``m`` float32 ``[n_blocks]``."""
     b = split_blocks(raw, GGMLType.Q4_1)
     return unpack_nibbles(b[:, 4:]), fp16_field(b, 0)[:, 0], fp16_field(b, 2)[:, 0]
+
+
+def q5_1_affine(raw: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Q5_1 bytes as ``w = d * q + m``: codes uint8 ``[n_blocks, 32]`` in 0..31, ``d``, ``m`` float32 ``[n_blocks]``."""
+    b = split_blocks(raw, GGMLType.Q5_1)
+    return unpack_five_bits(b[:, 4:8], b[:, 8:]).astype(np.uint8), fp16_field(b, 0)[:, 0], fp16_field(b, 2)[:, 0]
 
 
 def q8_0_symmetric(raw: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -376,6 +376,13 @@ def dequantize_q5_k(raw: np.ndarray) -> np.ndarray:
 
     Bit-exact with ggml's ``dequantize_row_q5_K`` and ``gguf.quants.dequantize``.
     """
+    q, d_sub, m_sub = q5_k_affine(raw)
+    return (d_sub[:, None] * q.astype(_F32) + m_sub[:, None]).reshape(-1)
+
+
+def q5_k_affine(raw: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Q5_K bytes as 32-weight sub-blocks ``w = d * q + m``: codes uint8 ``[n_sub, 32]`` in 0..31,
+    ``d = d_super * sc`` and ``m = -dmin * min`` float32 ``[n_sub]`` (as :func:`q4_k_affine`)."""
     b = _raw_blocks(raw, Q5_K_BYTES, "Q5_K")
     nb = b.shape[0]
     sc, mn = _q4_k_scales(b[:, 4:16])
@@ -384,8 +391,7 @@ def dequantize_q5_k(raw: np.ndarray) -> np.ndarray:
     qs = b[:, 48:].reshape(nb, 4, 1, 32)
     low = np.concatenate([qs & 0x0F, qs >> 4], axis=2).reshape(nb, 8, 32)
     bit = ((b[:, None, 16:48] >> np.arange(8, dtype=np.uint8)[None, :, None]) & 1)  # [nb, 8, 32]
-    q = (low | (bit << 4)).astype(_F32)
-    return (d_sub[..., None] * q - m_sub[..., None]).reshape(-1)
+    return (low | (bit << 4)).reshape(nb * 8, 32), d_sub.reshape(-1), -m_sub.reshape(-1)
 
 
 # -- Q6_K ---------------------------------------------------------------------

@@ -139,13 +139,20 @@ def dequantize_q2_k(raw: np.ndarray) -> np.ndarray:
 
     Bit-exact with ggml's ``dequantize_row_q2_K``.
     """
+    q, d_sub, m_sub = q2_k_affine(raw)
+    return (d_sub[:, None] * q.astype(_F32) + m_sub[:, None]).reshape(-1)
+
+
+def q2_k_affine(raw: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Q2_K bytes as 16-weight sub-blocks ``w = d * q + m``: codes uint8 ``[n_sub, 16]`` in 0..3,
+    ``d = d_super * (sc & 15)`` and ``m = -dmin * (sc >> 4)`` float32 ``[n_sub]``."""
     b = _raw_blocks(raw, Q2_K_BYTES, "Q2_K")
     nb = b.shape[0]
     sc = b[:, 0:16]
     d_sub = _fp16_value(b[:, 80:82])[:, None] * (sc & 0x0F).astype(_F32)  # [nb, 16]
     m_sub = _fp16_value(b[:, 82:84])[:, None] * (sc >> 4).astype(_F32)
-    q = _unpack_2bit(b[:, 16:80]).reshape(nb, 16, 16).astype(_F32)
-    return (d_sub[..., None] * q - m_sub[..., None]).reshape(-1)
+    q = _unpack_2bit(b[:, 16:80]).reshape(nb * 16, 16).astype(np.uint8)
+    return q, d_sub.reshape(-1), -m_sub.reshape(-1)
 
 
 # -- Q3_K ---------------------------------------------------------------------

@@ -1,7 +1,7 @@
 """The int8 decode kernels (kernels/cpu/int8.py) against NumPy models of the same arithmetic.
 
-* the activations' Q8_1 codes and scales are ggml's Q8_0 of the same values (the engine's
-  ggml-exact quantiser, ``quant.ggml_blocks``), bit for bit;
+* the activations are quantised as the weight type's scheme says (tests/core/test_activation_quant.py
+  checks the schemes against ggml's arithmetic);
 * the integer part (codes times codes, summed in int32) is exact: with unit scales the kernels
   must return the integer dot product itself;
 * with real scales, the result is the float64 sum of the per-block terms up to float32 rounding,
@@ -22,10 +22,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from llmrs_core.formats.ggml_types import GGMLType
 from llmrs_core.kernels.cpu import int8
+from llmrs_core.kernels.cpu.activations import quantize_activations
 from llmrs_core.kernels.cpu.packing import pack_affine_q4, pack_q8
-from llmrs_core.quant.ggml_blocks import quantize
 from llmrs_core.testing import FLOAT32_ROUNDING
 
 pytestmark = pytest.mark.core
@@ -34,16 +33,22 @@ NO_INT8 = int8.int8_unavailable()
 needs_int8 = pytest.mark.skipif(NO_INT8 is not None, reason=f"int8 kernels not compiled: {NO_INT8}")
 
 
+#: the three kernel forms: Q4 codes with offsets per 32 (Q4_1 read as such), Q8 codes per 32
+#: (Q8_0), Q8 codes per 16 (Q6_K's sub-blocks, Q8_K activations)
+KINDS = ["q4", "q8", "q8_16"]
+
+
 def random_matrix(kind: str, rows: int, cols: int, rng: np.random.Generator):
-    """A packed random matrix and its parts: codes ``[rows, cols]``, ``d``, ``m`` ``[rows, cols / 32]``."""
-    nb = cols // 32
+    """A packed random matrix and its parts: codes ``[rows, cols]``, ``d``, ``m`` ``[rows, cols / block]``."""
+    block = 16 if kind == "q8_16" else 32
+    nb = cols // block
     d = rng.uniform(0.001, 0.1, (rows, nb)).astype(np.float32)
     if kind == "q4":
         codes = rng.integers(0, 16, (rows, cols), dtype=np.uint8)
         m = rng.uniform(-0.5, 0.5, (rows, nb)).astype(np.float32)
         return pack_affine_q4(codes, d, m, "Q4_1"), codes, d, m
     codes = rng.integers(-128, 128, (rows, cols)).astype(np.int8)
-    return pack_q8(codes, d, "Q8_0"), codes, d, np.zeros_like(d)
+    return pack_q8(codes, d, "Q6_K" if block == 16 else "Q8_0", block=block), codes, d, np.zeros_like(d)
 
 
 def block_terms(codes, d, m, xq, xd, xs):
@@ -51,9 +56,9 @@ def block_terms(codes, d, m, xq, xd, xs):
     (the integer dot product exact: what the int32 lane of its row holds after the block) and
     ``m_w s_x``. Their sum over the last two axes is the product."""
     rows, cols = codes.shape
-    nb = cols // 32
-    sumi = np.einsum("rbj,tbj->trb", codes.reshape(rows, nb, 32).astype(np.int64),
-                     xq.reshape(-1, nb, 32).astype(np.int64))
+    nb = d.shape[1]
+    sumi = np.einsum("rbj,tbj->trb", codes.reshape(rows, nb, -1).astype(np.int64),
+                     xq.reshape(-1, nb, cols // nb).astype(np.int64))
     scale = d.astype(np.float64)[None] * xd.astype(np.float64)[:, None]
     offset = m.astype(np.float64)[None] * xs.astype(np.float64)[:, None]
     return np.stack([scale * sumi, np.broadcast_to(offset, sumi.shape)], axis=-1)
@@ -73,34 +78,15 @@ def rounding_bound(terms: np.ndarray) -> np.ndarray:
     return gamma * np.abs(terms).sum(axis=(-2, -1))
 
 
-@given(st.integers(0, 2**32 - 1), st.integers(1, 3), st.integers(1, 6), st.sampled_from([1.0, 1e-3, 300.0]))
-@settings(max_examples=40, deadline=None)
-def test_activation_codes_and_scales_are_ggmls_q8(seed, t_count, nb, scale):
-    rng = np.random.default_rng(seed)
-    x = (scale * rng.standard_normal((t_count, 32 * nb))).astype(np.float32)
-    x[0, :32] = 0  # an all-zero block: scale 0, codes 0
-    if nb > 1:  # a block whose values land on halves of its step: ggml rounds them away from zero
-        x[0, 32:64] = np.arange(-16, 16, dtype=np.float32) * np.float32(0.5) * np.float32(127 / 8)
-    xq, xd, xs = int8.quantize_q8_1(x)
-    ggml = quantize(x, GGMLType.Q8_0).reshape(t_count, nb, 34)
-    np.testing.assert_array_equal(xq.reshape(t_count, nb, 32), ggml[:, :, 2:].view(np.int8),
-                                  "activation codes differ from ggml's Q8_0 of the same values")
-    np.testing.assert_array_equal(xd.astype(np.float16), ggml[:, :, :2].copy().view(np.float16)[..., 0],
-                                  "activation scales differ from ggml's (as fp16, what ggml stores)")
-    np.testing.assert_array_equal(xd, np.abs(x.reshape(t_count, nb, 32)).max(-1) / np.float32(127))
-    want_s = xd * xq.reshape(t_count, nb, 32).sum(-1, dtype=np.int32).astype(np.float32)
-    np.testing.assert_array_equal(xs, want_s, "s must be d times the sum of the block's codes (Q8_1)")
-
-
 def test_row_major_copy_keeps_every_code():
     rng = np.random.default_rng(0)
-    for kind in ("q4", "q8"):
+    for kind in KINDS:
         w, codes, d, m = random_matrix(kind, 70, 96, rng)  # 70 rows: the last group is padded
         copy = int8.int8_rows(w)
-        groups = -(-70 // int8.GROUP_ROWS)
-        assert copy.qs.shape[0] == groups and copy.d.shape == (groups, 3 * int8.GROUP_ROWS)
+        groups, nb = -(-70 // int8.GROUP_ROWS), d.shape[1]
+        assert copy.qs.shape[0] == groups and copy.d.shape == (groups, nb * int8.GROUP_ROWS)
         qs, d_rows, m_rows = copy.row_major()
-        assert d_rows.shape == (70, 3)
+        assert d_rows.shape == (70, nb)
         np.testing.assert_array_equal(d_rows, d)
         if kind == "q4":
             b = qs.reshape(70, 3, 16)
@@ -110,7 +96,7 @@ def test_row_major_copy_keeps_every_code():
             np.testing.assert_array_equal(qs, codes)
         # a group's blocks lie block by block, each in words of four bytes of every row: the first
         # word holds bytes 0..3 of rows 0..7, the next bytes 4..7 of each; block 1 follows block 0
-        per_block = 16 if kind == "q4" else 32
+        per_block = {"q4": 16, "q8": 32, "q8_16": 16}[kind]
         group = qs[: int8.GROUP_ROWS]
         np.testing.assert_array_equal(copy.qs[0, :32], group[:, :4].reshape(-1))
         np.testing.assert_array_equal(copy.qs[0, 32:64], group[:, 4:8].reshape(-1))
@@ -118,13 +104,19 @@ def test_row_major_copy_keeps_every_code():
         np.testing.assert_array_equal(copy.qs[0, start:start + 32], group[:, per_block:per_block + 4].reshape(-1))
 
 
-def test_sixteen_weight_blocks_have_no_int8_copy():
-    w = pack_q8(np.ones((32, 64), np.int8), np.ones((32, 4), np.float32), "Q6_K", block=16)
-    assert int8.int8_rows(w) is None, "Q6_K's 16-weight blocks stay on the float kernels"
+def test_each_copy_quantises_its_input_as_llamacpp_does_for_its_type():
+    ones = np.ones((32, 256), np.int8), np.ones((32, 16), np.float32)
+    q6 = int8.int8_rows(pack_q8(*ones, "Q6_K", block=16))
+    assert (q6.scheme, q6.block) == ("q8_k", 16), "Q6_K multiplies Q8_K activations, per 16-weight sub-block"
+    assert int8.int8_rows(pack_q8(ones[0], ones[1][:, :8], "Q5_0")).scheme == "q8_0"
+    codes = np.zeros((32, 256), np.uint8)
+    q4k = int8.int8_rows(pack_affine_q4(codes, ones[1][:, :8], ones[1][:, :8], "Q4_K"))
+    assert (q4k.scheme, q4k.block) == ("q8_k", 32)
+    assert int8.int8_rows(pack_q8(*ones, "F16", block=16)) is None, "a type without a scheme has no copy"
 
 
 @needs_int8
-@pytest.mark.parametrize("kind", ["q4", "q8"])
+@pytest.mark.parametrize("kind", KINDS)
 @given(seed=st.integers(0, 2**32 - 1), t_count=st.integers(1, 5), nb=st.integers(1, 8),
        extremes=st.booleans())
 @settings(max_examples=30, deadline=None)
@@ -135,15 +127,16 @@ def test_integer_part_is_exact(kind, seed, t_count, nb, extremes):
     w, codes, _, _ = random_matrix(kind, rows, 32 * nb, rng)
     if extremes:  # the largest pair sums vpmaddubsw sees: no int16 saturation allowed
         codes[:] = 15 if kind == "q4" else -128
+        per = 2 if kind == "q8_16" else 1
         w = pack_affine_q4(codes, np.ones((rows, nb)), np.zeros((rows, nb)), "Q4_1") if kind == "q4" else \
-            pack_q8(codes, np.ones((rows, nb)), "Q8_0")
+            pack_q8(codes, np.ones((rows, nb * per)), "Q6_K" if per == 2 else "Q8_0", block=32 // per)
     copy = int8.int8_rows(w)
     copy.d[:] = 1
     copy.m[:] = 0
     xq = rng.integers(-127, 128, (t_count, 32 * nb)).astype(np.int8)
     if extremes:
         xq[:] = -127
-    ones = np.ones((t_count, nb), np.float32)
+    ones = np.ones((t_count, copy.d.shape[1] // int8.GROUP_ROWS), np.float32)
     if kind == "q4":
         got = int8.q4_int8_matmul(copy.qs, copy.d, copy.m, xq, ones, np.zeros_like(ones))[:, :rows]
     else:
@@ -153,22 +146,25 @@ def test_integer_part_is_exact(kind, seed, t_count, nb, extremes):
 
 
 @needs_int8
-@pytest.mark.parametrize("kind", ["q4", "q8"])
-@pytest.mark.parametrize("t_count, cols", [(1, 576), (3, 1536), (4, 64)])
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("t_count, cols", [(1, 768), (3, 1536), (5, 256)])
 def test_products_are_the_quantised_arithmetic(kind, t_count, cols):
     rng = np.random.default_rng(t_count + cols)
     w, codes, d, m = random_matrix(kind, 200, cols, rng)
     x = rng.standard_normal((t_count, cols)).astype(np.float32)
     x[:, 5] *= 40  # an outlier channel, as real activations have
-    got = int8.matmul_int8(x, int8.int8_rows(w))
-    xq, xd, xs = int8.quantize_q8_1(x)
+    copy = int8.int8_rows(w)
+    got = int8.matmul_int8(x, copy)
+    xq, xd, xs = quantize_activations(x, copy.scheme, copy.block)
     terms = block_terms(codes, d, m, xq, xd, xs)
     off = np.abs(got - terms.sum(axis=(-2, -1)))
     bound = rounding_bound(terms)
     assert (off <= bound).all(), f"off by {off.max():.3g}, more than float32 rounding allows ({bound.max():.3g})"
     # and against float activations: each moved by at most half its block's step
-    dense = (codes.reshape(200, -1, 32).astype(np.float64) * d[..., None] + m[..., None]).reshape(200, cols)
-    step = np.repeat(xd.astype(np.float64) / 2, 32, axis=1)
+    block = cols // d.shape[1]
+    dense = (codes.reshape(200, -1, block).astype(np.float64) * d[..., None] + m[..., None]).reshape(200, cols)
+    # the step of an fp16-rounded scale: half of d_x, and the scale's own rounding (2^-11) on |x|
+    step = np.repeat(np.abs(xd.astype(np.float64)) / 2, block, axis=1) + np.abs(x) * 2.0**-11
     assert (np.abs(got - x.astype(np.float64) @ dense.T) <= step @ np.abs(dense).T + bound).all()
 
 
@@ -214,6 +210,7 @@ _SAME_PRODUCTS = """
 import sys
 import numpy as np
 from llmrs_core.kernels.cpu import int8
+from llmrs_core.kernels.cpu.activations import quantize_activations
 from llmrs_core.kernels.cpu.packing import pack_affine_q4, pack_q8
 rng = np.random.default_rng(7)
 x = rng.standard_normal((5, 96)).astype(np.float32)

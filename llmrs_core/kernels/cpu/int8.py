@@ -1,19 +1,20 @@
 """The int8 decode path: activations quantised to 8 bits, integer dot products (chapter 8, "int8").
 
 llama.cpp's CPU decode does not multiply 4-bit weights by float
-activations. It quantises ``x`` first, per block of 32 values, as Q8_1
-keeps it: a scale ``d_x = max|x| / 127``, int8 codes ``q_x = round(x / d_x)``
-(halves away from zero, ggml's ``roundf``) and ``s_x = d_x * sum(q_x)``. Then
-per block of weights ``w = d_w q_w + m_w`` (the Q4 form) or ``w = d_w q_w``
-(Q8_0)::
+activations. It quantises ``x`` first, as the weight type's ``vec_dot_type``
+says (:mod:`.activations`: Q8_0 or Q8_1 per 32 values, Q8_K per 256 for the
+K-quants), to int8 codes ``q_x`` with a scale ``d_x`` per block and
+``s_x = d_x * sum(q_x)``. Then per block of weights ``w = d_w q_w + m_w`` (the Q4 form)
+or ``w = d_w q_w`` (Q8 codes: Q8_0, Q5_0, IQ4_NL, IQ4_XS in blocks of 32, Q6_K and
+Q3_K in blocks of 16)::
 
     w_b . x_b  ~  d_w d_x (q_w . q_x) + m_w s_x
 
 where ``q_w . q_x`` is a dot product of integers, exact in int32: two AVX2
 instructions per 32 weights, or one with AVX-512 VNNI (the intrinsics below). What it costs: each
 activation moves by up to half its block's step ``d_x / 2`` (a relative
-error of about 1/254 of the block's largest value), which is llama.cpp's
-level of agreement, not the float kernels' 1e-6.
+error of about 1/254 of the block's largest value); rounded as llama.cpp rounds them, the
+codes are llama.cpp's own, and the products agree with its to float32 rounding.
 
 The kernels read a copy of each matrix of their own (:class:`Int8Rows`, made
 from a :class:`~.packing.PackedMatrix` at load): rows in groups of eight,
@@ -52,6 +53,7 @@ from numba.core import cgutils
 from numba.core.errors import TypingError
 from numba.extending import intrinsic
 
+from .activations import activation_scheme, quantize_activations
 from .inspect import target_declares, target_lacks
 from .packing import BLOCK, LANES, PackedMatrix
 
@@ -97,7 +99,9 @@ from .packing import BLOCK, LANES, PackedMatrix
 # ``vpmaddubsw`` pair is at most 2 * 15 * 127 = 3810 in magnitude, and the AVX2
 # branch adds the eight pair sums of a block (its four loads' low and high nibbles)
 # in int16 before one ``vpmaddwd``: at most 8 * 3810 = 30480, below the int16 limit
-# of 32767, so no sum wraps. Q8 weight codes are signed (-128..127), and
+# of 32767, so no sum wraps. The "q8a" codes (Q5_1, Q5_K: 0..31; Q2_K: 0..3) are unsigned
+# bytes already, pairs up to 2 * 31 * 127 = 7874, each word's to int32 as below (eight words
+# of a block in int16 could reach 62992). Q8 weight codes are signed (-128..127), and
 # ``vpmaddubsw`` and ``vpdpbusd`` want their first operand unsigned: as in llama.cpp,
 # the weights go in as ``|w|`` and the activations as ``x * sign(w)`` (``vpsignb``),
 # pairs up to 2 * 128 * 127 = 32512, so each pair goes to int32 on its own. A block's
@@ -114,8 +118,8 @@ from .packing import BLOCK, LANES, PackedMatrix
 #
 # Array arguments (C-contiguous, :class:`Int8Rows`'s): ``qs`` uint8
 # ``[groups, nb * 4 * 32]`` (per block four 32-byte words, see Int8Rows) or int8
-# ``[groups, nb * 8 * 32]``; ``d``, ``m`` float32 ``[groups, nb * 8]``; ``xq`` int8
-# ``[T, nb * 32]``; ``xd``, ``xs`` float32 ``[T, nb]``; ``out`` float32
+# ``[groups, nb * block / 4 * 32]``; ``d``, ``m`` float32 ``[groups, nb * 8]``; ``xq`` int8
+# ``[T, nb * block]``; ``xd``, ``xs`` float32 ``[T, nb]``; ``out`` float32
 # ``[T, groups * 8]``; ``group``, ``t`` integers.
 
 _I8, _I16, _I32, _F32 = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.FloatType()
@@ -147,16 +151,19 @@ def _splat(builder, value, vector_type):
     return builder.shuffle_vector(v, ir.Constant(vector_type, ir.Undefined), mask)
 
 
-def _rows_dot(context, builder, signature, args, affine: bool, vnni: bool, n_t: int) -> None:
+def _rows_dot(context, builder, signature, args, form: str, vnni: bool, n_t: int, block: int) -> None:
     """The IR of one group of :data:`GROUP_ROWS` weight rows against ``n_t`` activation rows
     (``t`` onwards), stored into ``out``.
 
-    ``affine``: Q4 codes with an offset, else signed Q8 codes. ``vnni``: ``vpdpbusd``
+    ``form``: ``"q4"`` (4-bit codes with an offset), ``"q8"`` (signed 8-bit codes) or ``"q8a"``
+    (unsigned codes below 128 with an offset: Q5_1, Q5_K, Q2_K). ``block``: weights per scale (32,
+    or 16 for 8-bit codes: the sub-blocks of Q6_K, Q3_K and Q2_K). ``vnni``: ``vpdpbusd``
     instead of ``vpmaddubsw`` + ``vpmaddwd`` (the same integers, see above). Each weight
     word is loaded (and for Q4 split into its low and high nibbles) once for all ``n_t``
     activation rows; each activation row has its own int32 and float32 accumulators, so
     their chains do not wait on each other.
     """
+    nibbles, affine, signed = form == "q4", form != "q8", form == "q8"
     n_arrays = 7 if affine else 5
     arrays = [context.make_array(ty)(context, builder, value)
               for ty, value in zip(signature.args[:n_arrays], args[:n_arrays])]
@@ -181,10 +188,11 @@ def _rows_dot(context, builder, signature, args, affine: bool, vnni: bool, n_t: 
     else:
         maddubs = _declare(module, "llvm.x86.avx2.pmadd.ub.sw", _V16I16, [_V32I8, _V32I8])
         maddwd = _declare(module, "llvm.x86.avx2.pmadd.wd", _V8I32, [_V16I16, _V16I16])
-    sign = None if affine else _declare(module, "llvm.x86.avx2.psign.b", _V32I8, [_V32I8, _V32I8])
+    sign = None if not signed else _declare(module, "llvm.x86.avx2.psign.b", _V32I8, [_V32I8, _V32I8])
     ones = ir.Constant(_V16I16, [1] * 16)
-    x_words = builder.bitcast(xq, _I32.as_pointer())  # an activation block is 8 words of 4 codes
-    words = 4 if affine else 8  # 32-byte weight words per block of a group
+    x_words = builder.bitcast(xq, _I32.as_pointer())  # an activation block is block / 4 words of 4 codes
+    per_x_block = block // 4
+    words = 4 if nibbles else block // 4  # 32-byte weight words per block of a group (8 rows x 4 codes)
 
     accs = [cgutils.alloca_once_value(builder, ir.Constant(_V8F, [0.0] * 8)) for _ in range(n_t)]
     with cgutils.for_range(builder, nb) as loop:
@@ -196,22 +204,24 @@ def _rows_dot(context, builder, signature, args, affine: bool, vnni: bool, n_t: 
         for k in range(words):
             wv = _load(builder, qs, builder.mul(builder.add(builder.mul(group_block, const(words)), const(k)),
                                                 const(32)), _V32I8)
-            if affine:  # codes 4k..4k+3 of each row in the low nibbles, 16+4k.. in the high ones
+            if nibbles:  # codes 4k..4k+3 of each row in the low nibbles, 16+4k.. in the high ones
                 parts = [(builder.and_(wv, ir.Constant(_V32I8, [15] * 32)), k),
                          (builder.lshr(wv, ir.Constant(_V32I8, [4] * 32)), 4 + k)]
-            else:
+            elif signed:
                 parts = [(builder.call(sign, [wv, wv]), k)]  # |w|, read as unsigned bytes
+            else:
+                parts = [(wv, k)]  # unsigned codes already
             for j in range(n_t):
                 for w_part, word in parts:
-                    at = builder.add(builder.mul(x_block[j], const(8)), const(word))
+                    at = builder.add(builder.mul(x_block[j], const(per_x_block)), const(word))
                     xv = builder.bitcast(_splat(builder, builder.load(builder.gep(x_words, [at]), align=1), _V8I32),
                                          _V32I8)
-                    if not affine:
+                    if signed:
                         xv = builder.call(sign, [xv, wv])  # x * sign(w)
                     if vnni:
                         ints[j] = builder.call(dpbusd, [ints[j], builder.bitcast(w_part, _V8I32),
                                                         builder.bitcast(xv, _V8I32)])
-                    elif affine:
+                    elif nibbles:
                         shorts[j] = builder.add(shorts[j], builder.call(maddubs, [w_part, xv]))
                     else:
                         pairs = builder.call(maddubs, [w_part, xv])
@@ -219,7 +229,7 @@ def _rows_dot(context, builder, signature, args, affine: bool, vnni: bool, n_t: 
         w_scale = _load(builder, d, builder.mul(group_block, const(GROUP_ROWS)), _V8F)
         w_offset = _load(builder, m, builder.mul(group_block, const(GROUP_ROWS)), _V8F) if affine else None
         for j in range(n_t):
-            sums = ints[j] if vnni or not affine else builder.call(maddwd, [shorts[j], ones])
+            sums = ints[j] if vnni or not nibbles else builder.call(maddwd, [shorts[j], ones])
             x_scale = _splat(builder, builder.load(builder.gep(xd, [x_block[j]])), _V8F)
             acc = builder.call(fma, [builder.sitofp(sums, _V8F), builder.fmul(w_scale, x_scale),
                                      builder.load(accs[j])])
@@ -240,12 +250,12 @@ def _check_arrays(*arrays) -> None:
             raise TypingError(f"the int8 row dot products read C-contiguous 2-D arrays; got {a}")
 
 
-def _rows_intrinsic(affine: bool, n_t: int):
+def _rows_intrinsic(form: str, n_t: int, block: int = 32):
     """An ``@intrinsic`` storing ``out[t:t + n_t, g * GROUP_ROWS:(g + 1) * GROUP_ROWS]``: group ``g``
     of the weight's rows against rows ``t`` to ``t + n_t - 1`` of the activations. Which
     instructions it emits is decided when a kernel calling it is compiled, for the target Numba
     compiles for (:func:`int8_instructions`)."""
-    if affine:
+    if form != "q8":
         def typer(typingctx, qs, d, m, xq, xd, xs, out, group, t):
             _check_arrays(qs, d, m, xq, xd, xs, out)
             return types.void(qs, d, m, xq, xd, xs, out, group, t), codegen
@@ -255,17 +265,23 @@ def _rows_intrinsic(affine: bool, n_t: int):
             return types.void(qs, d, xq, xd, out, group, t), codegen
 
     def codegen(context, builder, signature, args):
-        _rows_dot(context, builder, signature, args, affine, int8_instructions() == "avx512-vnni", n_t)
+        _rows_dot(context, builder, signature, args, form, int8_instructions() == "avx512-vnni", n_t, block)
         return context.get_dummy_value()
 
-    typer.__name__ = f"{'q4' if affine else 'q8'}_rows_dot_{GROUP_ROWS}x{n_t}"
+    typer.__name__ = f"{form}_{block}_rows_dot_{GROUP_ROWS}x{n_t}"
     return intrinsic(typer)
 
 
-q4_rows_dot = _rows_intrinsic(affine=True, n_t=1)
-q4_rows_dot_x4 = _rows_intrinsic(affine=True, n_t=X_ROWS)
-q8_rows_dot = _rows_intrinsic(affine=False, n_t=1)
-q8_rows_dot_x4 = _rows_intrinsic(affine=False, n_t=X_ROWS)
+q4_rows_dot = _rows_intrinsic("q4", n_t=1)
+q4_rows_dot_x4 = _rows_intrinsic("q4", n_t=X_ROWS)
+q8_rows_dot = _rows_intrinsic("q8", n_t=1)
+q8_rows_dot_x4 = _rows_intrinsic("q8", n_t=X_ROWS)
+q8_16_rows_dot = _rows_intrinsic("q8", n_t=1, block=16)
+q8_16_rows_dot_x4 = _rows_intrinsic("q8", n_t=X_ROWS, block=16)
+q8a_rows_dot = _rows_intrinsic("q8a", n_t=1)
+q8a_rows_dot_x4 = _rows_intrinsic("q8a", n_t=X_ROWS)
+q8a_16_rows_dot = _rows_intrinsic("q8a", n_t=1, block=16)
+q8a_16_rows_dot_x4 = _rows_intrinsic("q8a", n_t=X_ROWS, block=16)
 
 
 def int8_unavailable() -> str | None:
@@ -288,74 +304,10 @@ def int8_instructions() -> str:
     return "avx512-vnni" if target_declares("avx512vnni", "avx512vl") else "avx2"
 
 
-@njit(cache=True)
-def _quantize_row(x, t, xq, xd, xs):
-    """Row ``t`` of ``x`` into row ``t`` of ``xq``, ``xd``, ``xs`` (see :func:`quantize_q8_1`)."""
-    bits = x.view(np.uint32)
-    word = np.empty(1, np.uint32)  # a float32's bits, read back as the float32
-    as_float = word.view(np.float32)
-    for b in range(x.shape[1] // 32):
-        # max|x| on the bits: with the sign bit cleared, float32 order is integer order, and
-        # NaN's and infinity's bit patterns lie above every finite one, so they win the max
-        top = np.uint32(0)
-        for j in range(32):
-            v = bits[t, 32 * b + j] & np.uint32(0x7FFFFFFF)
-            top = v if v > top else top
-        word[0] = top
-        d = as_float[0] / np.float32(127)
-        xd[t, b] = d
-        if not d < np.float32(np.inf):  # a NaN or an infinity: it is the scale, the codes are zeros
-            for j in range(32):
-                xq[t, 32 * b + j] = 0
-            xs[t, b] = d
-            continue
-        inv = np.float32(1) / d if d > 0 else np.float32(0)
-        total = 0
-        for j in range(32):
-            v = x[t, 32 * b + j] * inv
-            q = np.int32(np.floor(np.abs(v) + np.float32(0.5)))
-            q = -q if v < 0 else q
-            xq[t, 32 * b + j] = q
-            total += q
-        xs[t, b] = d * np.float32(total)
-
-
-@njit(cache=True)
-def _quantize_serial(x, xq, xd, xs):
-    for t in range(x.shape[0]):
-        _quantize_row(x, t, xq, xd, xs)
-
-
-@njit(parallel=True, cache=True)
-def _quantize_parallel(x, xq, xd, xs):
-    for t in prange(x.shape[0]):
-        _quantize_row(x, t, xq, xd, xs)
-
-
-#: from this many rows on, the activations are quantised on Numba's threads (a row each);
-#: fewer cost less than waking the pool
-PARALLEL_QUANTIZE_ROWS = 4
-
-
 def quantize_q8_1(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``x [T, cols]`` float32 (C-contiguous) -> ``(xq int8 [T, cols], xd [T, nb], xs [T, nb])``,
-    Q8_1 per 32 values.
-
-    ``d = max|x| / 127``, ``q = round(x / d)`` with halves away from zero
-    (``floor(|v| + 0.5)`` with the sign of ``v``, as the GPU kernel
-    :func:`llmrs_core.kernels.gpu.matvec_int8.quantize_q8_1` and ggml's
-    reference code), ``s = d * sum(q)``. Compiled without ``fastmath``: the
-    division and rounding are IEEE float32, the same in NumPy. A block holding a NaN or an
-    infinity gets that as its scale (and zero codes), so the products it enters are not
-    finite either: damaged weights upstream must reach the model's check of the logits, not
-    be rounded into int8 codes.
-    """
-    t_count, cols = x.shape
-    xq = np.empty((t_count, cols), np.int8)
-    xd = np.empty((t_count, cols // 32), np.float32)
-    xs = np.empty((t_count, cols // 32), np.float32)
-    (_quantize_parallel if t_count >= PARALLEL_QUANTIZE_ROWS else _quantize_serial)(x, xq, xd, xs)
-    return xq, xd, xs
+    """``x [T, cols]`` -> ``(xq int8 [T, cols], xd [T, cols / 32], xs [T, cols / 32])``: ggml's Q8_1 of
+    ``x`` per 32 values, what a Q4_1 matrix multiplies (:func:`.activations.quantize_activations`)."""
+    return quantize_activations(np.ascontiguousarray(x, dtype=np.float32), "q8_1")
 
 
 @dataclass
@@ -373,8 +325,9 @@ class Int8Rows:
     bytes ``4k..4k+3`` of each row's 16 (byte ``j`` holds codes ``j`` and ``j + 16`` in its
     low and high nibble, GGUF's order); ``d``, ``m`` float32 ``[groups, nb * GROUP_ROWS]``, the
     block's eight rows side by side (``w = d q + m``). ``kind`` ``"q8"``: ``qs`` int8
-    ``[groups, nb * 8 * 32]``, word ``k`` holding codes ``4k..4k+3`` of each row; ``d`` as
-    above (``w = d q``), ``m`` empty ``[0, 0]``. :meth:`row_major` gives the codes and scales
+    ``[groups, nb * block / 4 * 32]``, word ``k`` holding codes ``4k..4k+3`` of each row; ``d`` as
+    above (``w = d q``), ``m`` empty ``[0, 0]``. ``kind`` ``"q8a"``: unsigned codes laid out as
+    ``"q8"``'s, with ``m`` as ``"q4"``'s (``w = d q + m``). :meth:`row_major` gives the codes and scales
     back as ``[rows, ...]``.
     """
 
@@ -384,6 +337,10 @@ class Int8Rows:
     qs: np.ndarray
     d: np.ndarray
     m: np.ndarray
+    #: how the activations are quantised for it (``activations.ACTIVATION_SCHEME`` of its GGML type)
+    scheme: str = "q8_0"
+    #: weights per scale: 32, or 16 for Q8 codes (Q6_K, Q3_K)
+    block: int = BLOCK
 
     @property
     def nbytes(self) -> int:
@@ -395,12 +352,13 @@ class Int8Rows:
         if start % GROUP_ROWS:
             raise ValueError(f"row_slice: start {start} is not a multiple of GROUP_ROWS ({GROUP_ROWS})")
         groups = slice(start // GROUP_ROWS, -(-stop // GROUP_ROWS))
-        m = self.m[groups] if self.kind == "q4" else self.m
-        return Int8Rows(self.kind, stop - start, self.cols, self.qs[groups], self.d[groups], m)
+        m = self.m if self.kind == "q8" else self.m[groups]
+        return Int8Rows(self.kind, stop - start, self.cols, self.qs[groups], self.d[groups], m, self.scheme,
+                        self.block)
 
     def row_major(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``(qs [rows, nb * bytes per block], d [rows, nb], m [rows, nb] or empty)``: the rows one by one."""
-        nb = self.cols // BLOCK
+        nb = self.cols // self.block
         groups = self.qs.shape[0]
         codes = self.qs.reshape(groups, nb, -1, GROUP_ROWS, 4).transpose(0, 3, 1, 2, 4)
         qs = codes.reshape(groups * GROUP_ROWS, -1)[: self.rows]
@@ -408,7 +366,7 @@ class Int8Rows:
         def scales(a: np.ndarray) -> np.ndarray:
             return a.reshape(groups, nb, GROUP_ROWS).transpose(0, 2, 1).reshape(-1, nb)[: self.rows]
 
-        return qs, scales(self.d), scales(self.m) if self.kind == "q4" else self.m
+        return qs, scales(self.d), self.m if self.kind == "q8" else scales(self.m)
 
 
 def _rows_first(a: np.ndarray, rows: int) -> np.ndarray:
@@ -425,7 +383,17 @@ def _rows_first(a: np.ndarray, rows: int) -> np.ndarray:
 def _grouped_codes(qs: np.ndarray, rows: int) -> np.ndarray:
     """Interleaved codes ``[G, nb, bytes per block, LANES]`` -> ``[groups, nb * bytes per block * GROUP_ROWS]``:
     per group and block, words of four bytes of each of the group's rows."""
-    codes = _rows_first(qs, rows)
+    return _words(_rows_first(qs, rows))
+
+
+def _pad_rows(a: np.ndarray) -> np.ndarray:
+    """``[rows, ...]`` -> ``[groups * GROUP_ROWS, ...]``, zero rows after the last."""
+    need = -(-a.shape[0] // GROUP_ROWS) * GROUP_ROWS
+    return np.concatenate([a, np.zeros((need - a.shape[0], *a.shape[1:]), a.dtype)]) if need > a.shape[0] else a
+
+
+def _words(codes: np.ndarray) -> np.ndarray:
+    """Codes ``[groups * GROUP_ROWS, nb, bytes per block]`` -> the grouped word layout (:class:`Int8Rows`)."""
     groups, nb, per_block = codes.shape[0] // GROUP_ROWS, codes.shape[1], codes.shape[2]
     words = codes.reshape(groups, GROUP_ROWS, nb, per_block // 4, 4).transpose(0, 2, 3, 1, 4)
     return np.ascontiguousarray(words.reshape(groups, -1))
@@ -433,7 +401,11 @@ def _grouped_codes(qs: np.ndarray, rows: int) -> np.ndarray:
 
 def _grouped_scales(a: np.ndarray, rows: int) -> np.ndarray:
     """Interleaved scales ``[G, nb, LANES]`` -> ``[groups, nb * GROUP_ROWS]``: per block the group's rows."""
-    s = _rows_first(a[:, :, None, :], rows)[:, :, 0]
+    return _scale_words(_rows_first(a[:, :, None, :], rows)[:, :, 0])
+
+
+def _scale_words(s: np.ndarray) -> np.ndarray:
+    """Scales ``[groups * GROUP_ROWS, nb]`` -> ``[groups, nb * GROUP_ROWS]``: per block the group's rows."""
     groups, nb = s.shape[0] // GROUP_ROWS, s.shape[1]
     return np.ascontiguousarray(s.reshape(groups, GROUP_ROWS, nb).transpose(0, 2, 1).reshape(groups, -1))
 
@@ -441,16 +413,33 @@ def _grouped_scales(a: np.ndarray, rows: int) -> np.ndarray:
 def int8_rows(w: PackedMatrix) -> Int8Rows | None:
     """The copy of ``w`` the int8 kernels read, or None where they have none.
 
-    They read the Q4 form (Q4_0, Q4_1, Q4_K) and Q8 codes in blocks of 32
-    (Q8_0); Q6_K's 16-weight blocks and float matrices stay on the float kernels.
+    They read the Q4 form (Q4_0, Q4_1, Q4_K) and Q8 codes in blocks of 32 (Q8_0, Q5_0, IQ4_NL,
+    IQ4_XS) or 16 (Q6_K, Q3_K), for a matrix whose type names its activation quantisation
+    (``w.source``, see :func:`.activations.activation_scheme`). Float matrices, and a fused matrix
+    whose parts' schemes differ, stay on the float kernels.
     """
+    scheme = activation_scheme(w.source)
+    if scheme is None or w.kind not in ("q4", "q8"):
+        return None
     if w.kind == "q4":
         return Int8Rows("q4", w.rows, w.cols, _grouped_codes(w.qs, w.rows), _grouped_scales(w.d, w.rows),
-                        _grouped_scales(w.m, w.rows))
-    if w.kind == "q8" and w.qs.shape[2] == BLOCK:
-        return Int8Rows("q8", w.rows, w.cols, _grouped_codes(w.qs, w.rows), _grouped_scales(w.d, w.rows),
-                        np.zeros((0, 0), np.float32))
-    return None
+                        _grouped_scales(w.m, w.rows), scheme, BLOCK)
+    return Int8Rows("q8", w.rows, w.cols, _grouped_codes(w.qs, w.rows), _grouped_scales(w.d, w.rows),
+                    np.zeros((0, 0), np.float32), scheme, w.qs.shape[2])
+
+
+def int8_rows_unsigned(codes: np.ndarray, d: np.ndarray, m: np.ndarray, source: str) -> Int8Rows | None:
+    """The ``"q8a"`` copy of a matrix ``w = d q + m`` with unsigned codes below 128 that no packed form
+    holds (Q5_1, Q5_K, Q2_K, kept as float32 for the float kernels): codes uint8 ``[rows, cols]``,
+    ``d``, ``m`` float32 ``[rows, cols / block]``. None where ``source`` names no activation scheme."""
+    scheme = activation_scheme(source)
+    if scheme is None:
+        return None
+    rows, cols = codes.shape
+    nb = d.shape[1]
+    grouped = _words(_pad_rows(codes.astype(np.uint8).reshape(rows, nb, cols // nb)))
+    return Int8Rows("q8a", rows, cols, grouped, _scale_words(_pad_rows(d.astype(np.float32))),
+                    _scale_words(_pad_rows(m.astype(np.float32))), scheme, cols // nb)
 
 
 #: activation rows a group of weight rows takes in turn before the next group: their codes
@@ -487,37 +476,75 @@ def q4_int8_matmul(qs, d, m, xq, xd, xs):
 
 @njit(parallel=True, cache=True)
 def q8_int8_matmul(qs, d, xq, xd):
-    """Q8_0 counterpart of :func:`q4_int8_matmul` (no offset term)."""
+    """Q8-code counterpart of :func:`q4_int8_matmul` (no offset term), for blocks of 32 or 16
+    weights per scale (``xd.shape[1] * 16 == xq.shape[1]``: Q6_K's and Q3_K's sub-blocks)."""
     groups, t_count = qs.shape[0], xq.shape[0]
     out = np.empty((t_count, groups * GROUP_ROWS), np.float32)
     chunks = (t_count + CHUNK_ROWS - 1) // CHUNK_ROWS
+    halves = xd.shape[1] * 16 == xq.shape[1]
     for piece in prange(chunks * groups):
         chunk, g = piece // groups, piece % groups
         t, stop = chunk * CHUNK_ROWS, min(t_count, (chunk + 1) * CHUNK_ROWS)
         while t + X_ROWS <= stop:
-            q8_rows_dot_x4(qs, d, xq, xd, out, g, t)
+            if halves:
+                q8_16_rows_dot_x4(qs, d, xq, xd, out, g, t)
+            else:
+                q8_rows_dot_x4(qs, d, xq, xd, out, g, t)
             t += X_ROWS
         while t < stop:
-            q8_rows_dot(qs, d, xq, xd, out, g, t)
+            if halves:
+                q8_16_rows_dot(qs, d, xq, xd, out, g, t)
+            else:
+                q8_rows_dot(qs, d, xq, xd, out, g, t)
+            t += 1
+    return out
+
+
+@njit(parallel=True, cache=True)
+def q8a_int8_matmul(qs, d, m, xq, xd, xs):
+    """:func:`q4_int8_matmul` for unsigned 8-bit codes with an offset (the ``"q8a"`` form), blocks of
+    32 or 16 weights per scale (``xd.shape[1] * 16 == xq.shape[1]``)."""
+    groups, t_count = qs.shape[0], xq.shape[0]
+    out = np.empty((t_count, groups * GROUP_ROWS), np.float32)
+    chunks = (t_count + CHUNK_ROWS - 1) // CHUNK_ROWS
+    halves = xd.shape[1] * 16 == xq.shape[1]
+    for piece in prange(chunks * groups):
+        chunk, g = piece // groups, piece % groups
+        t, stop = chunk * CHUNK_ROWS, min(t_count, (chunk + 1) * CHUNK_ROWS)
+        while t + X_ROWS <= stop:
+            if halves:
+                q8a_16_rows_dot_x4(qs, d, m, xq, xd, xs, out, g, t)
+            else:
+                q8a_rows_dot_x4(qs, d, m, xq, xd, xs, out, g, t)
+            t += X_ROWS
+        while t < stop:
+            if halves:
+                q8a_16_rows_dot(qs, d, m, xq, xd, xs, out, g, t)
+            else:
+                q8a_rows_dot(qs, d, m, xq, xd, xs, out, g, t)
             t += 1
     return out
 
 
 def matmul_int8(x: np.ndarray, w: Int8Rows) -> np.ndarray:
-    """``x [T, cols] @ W.T -> [T, rows]`` float32 through Q8_1 activations and integer dot products.
+    """``x [T, cols] @ W.T -> [T, rows]`` float32 through 8-bit activations (the weight type's
+    scheme, rounded as llama.cpp rounds them: :mod:`.activations`) and integer dot products.
 
     Call only where :func:`int8_unavailable` is None (the kernels are AVX2 code).
     """
     x = np.ascontiguousarray(x, dtype=np.float32)
     if x.ndim != 2 or x.shape[1] != w.cols:
         raise ValueError(f"matmul_int8: x has shape {x.shape}, the weight expects [T, {w.cols}]")
-    xq, xd, xs = quantize_q8_1(x)
+    xq, xd, xs = quantize_activations(x, w.scheme, w.block)
     if w.kind == "q4":
         out = q4_int8_matmul(w.qs, w.d, w.m, xq, xd, xs)
+    elif w.kind == "q8a":
+        out = q8a_int8_matmul(w.qs, w.d, w.m, xq, xd, xs)
     else:
         out = q8_int8_matmul(w.qs, w.d, xq, xd)
     return out if out.shape[1] == w.rows else out[:, : w.rows]
 
 
-__all__ = ["GROUP_ROWS", "X_ROWS", "Int8Rows", "int8_instructions", "int8_rows", "int8_unavailable", "matmul_int8", "q4_int8_matmul", "q8_int8_matmul",
+__all__ = ["GROUP_ROWS", "X_ROWS", "Int8Rows", "int8_instructions", "int8_rows", "int8_rows_unsigned", "int8_unavailable", "matmul_int8",
+           "q4_int8_matmul", "q8_int8_matmul", "q8a_int8_matmul",
            "quantize_q8_1"]

@@ -23,7 +23,8 @@ scale ``d`` or ``d * (s - 32)`` per 32), Q3_K (``q - 4``, scale
 ``d * (s - 32)`` per 16). The decoded weight is the same float32 product
 ``d * q`` as the dequantiser's. Types with an offset per block that is not
 4-bit (Q5_1, Q5_K, Q2_K) and the float types (F32, F16, BF16) are kept as a
-float32 matrix and multiplied by BLAS.
+float32 matrix and multiplied by BLAS; the int8 kernels read the first three from
+an unsigned 8-bit copy of their own (:data:`UNSIGNED_FORMS`).
 
 Rows are padded with zero weights to a multiple of :data:`LANES`; the
 kernels compute the padding rows and the callers slice them away.
@@ -38,10 +39,18 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ...formats.ggml_types import GGMLType, type_traits
-from ...quant.dequant import iq4_nl_symmetric, q4_0_affine, q4_1_affine, q5_0_symmetric, q8_0_symmetric
+from ...quant.dequant import (
+    iq4_nl_symmetric,
+    q4_0_affine,
+    q4_1_affine,
+    q5_0_symmetric,
+    q5_1_affine,
+    q8_0_symmetric,
+)
 from ...quant.iq4 import iq4_xs_symmetric
-from ...quant.kquants import q4_k_affine, q6_k_symmetric
-from ...quant.kquants_low import q3_k_symmetric
+from ...quant.kquants import q4_k_affine, q5_k_affine, q6_k_symmetric
+from ...quant.kquants_low import q2_k_affine, q3_k_symmetric
+from .activations import activation_scheme
 
 if TYPE_CHECKING:
     from .int8 import Int8Rows
@@ -66,6 +75,15 @@ KERNEL_FORMS: dict[GGMLType, tuple[str, Callable[[np.ndarray], tuple[np.ndarray,
     GGMLType.IQ4_NL: ("q8", iq4_nl_symmetric),
     GGMLType.IQ4_XS: ("q8", iq4_xs_symmetric),
     GGMLType.Q3_K: ("q8", q3_k_symmetric),
+}
+
+#: Types with an offset whose codes are wider than 4 bits: no packed form holds them (the float
+#: kernels keep them as float32), but the int8 kernels read them as unsigned codes with an offset
+#: (``int8.int8_rows_unsigned``): codes uint8 ``[n_blocks, block]``, ``d``, ``m`` float32 ``[n_blocks]``
+UNSIGNED_FORMS: dict[GGMLType, Callable[[np.ndarray], tuple[np.ndarray, np.ndarray, np.ndarray]]] = {
+    GGMLType.Q5_1: q5_1_affine,
+    GGMLType.Q5_K: q5_k_affine,
+    GGMLType.Q2_K: q2_k_affine,
 }
 
 
@@ -142,13 +160,8 @@ def pack_float(w: np.ndarray, source: str) -> PackedMatrix:
     return PackedMatrix("f32", w.shape[0], w.shape[1], w, empty, empty, source)
 
 
-def pack_raw(raw: np.ndarray, ggml_type: GGMLType, shape: tuple[int, int]) -> PackedMatrix | None:
-    """Pack the GGUF bytes of a ``[rows, cols]`` matrix, or None for a type without a kernel (not in
-    :data:`KERNEL_FORMS`: the caller keeps it as float32)."""
+def _check_size(raw: np.ndarray, ggml_type: GGMLType, shape: tuple[int, int]) -> None:
     rows, cols = shape
-    ggml_type = GGMLType(ggml_type)
-    if ggml_type not in KERNEL_FORMS:
-        return None
     traits = type_traits(ggml_type)
     if cols % traits.block_size:
         raise ValueError(f"a {ggml_type.name} row holds whole blocks of {traits.block_size}; got {cols} columns")
@@ -157,12 +170,35 @@ def pack_raw(raw: np.ndarray, ggml_type: GGMLType, shape: tuple[int, int]) -> Pa
         raise ValueError(
             f"a [{rows}, {cols}] {ggml_type.name} matrix is {want} bytes; got {raw.size} (truncated or mislabelled?)"
         )
+
+
+def pack_raw(raw: np.ndarray, ggml_type: GGMLType, shape: tuple[int, int]) -> PackedMatrix | None:
+    """Pack the GGUF bytes of a ``[rows, cols]`` matrix, or None for a type without a kernel (not in
+    :data:`KERNEL_FORMS`: the caller keeps it as float32)."""
+    rows, cols = shape
+    ggml_type = GGMLType(ggml_type)
+    if ggml_type not in KERNEL_FORMS:
+        return None
+    _check_size(raw, ggml_type, shape)
     kind, split = KERNEL_FORMS[ggml_type]
     if kind == "q4":
         codes, d, m = split(raw)
         return pack_affine_q4(codes.reshape(rows, cols), d.reshape(rows, -1), m.reshape(rows, -1), ggml_type.name)
     codes, d = split(raw)
     return pack_q8(codes.reshape(rows, cols), d.reshape(rows, -1), ggml_type.name, block=codes.shape[1])
+
+
+def unsigned_parts(raw: np.ndarray, ggml_type: GGMLType, shape: tuple[int, int]
+                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """A :data:`UNSIGNED_FORMS` type's ``[rows, cols]`` matrix as codes uint8 ``[rows, cols]`` and ``d``,
+    ``m`` float32 ``[rows, cols / block]``; None for another type."""
+    ggml_type = GGMLType(ggml_type)
+    if ggml_type not in UNSIGNED_FORMS:
+        return None
+    _check_size(raw, ggml_type, shape)
+    codes, d, m = UNSIGNED_FORMS[ggml_type](raw)
+    rows, cols = shape
+    return codes.reshape(rows, cols), d.reshape(rows, -1), m.reshape(rows, -1)
 
 
 def fuse(parts: list[PackedMatrix]) -> list[PackedMatrix] | None:
@@ -176,6 +212,8 @@ def fuse(parts: list[PackedMatrix]) -> list[PackedMatrix] | None:
     kinds = {p.kind for p in parts}
     if len(kinds) != 1 or kinds <= {"f32"} or len({p.qs.shape[1:] for p in parts}) != 1:
         return None
+    if len({activation_scheme(p.source) for p in parts}) != 1:
+        return None  # one int8 product quantises its input one way: Q4_K's and Q4_0's differ
     if any(p.rows % LANES for p in parts):
         return None
     whole = PackedMatrix(
@@ -194,4 +232,5 @@ def fuse(parts: list[PackedMatrix]) -> list[PackedMatrix] | None:
     return views
 
 
-__all__ = ["BLOCK", "KERNEL_FORMS", "LANES", "PackedMatrix", "fuse", "pack_affine_q4", "pack_float", "pack_q8", "pack_raw"]
+__all__ = ["BLOCK", "KERNEL_FORMS", "LANES", "UNSIGNED_FORMS", "PackedMatrix", "fuse", "pack_affine_q4", "pack_float",
+           "pack_q8", "pack_raw", "unsigned_parts"]
