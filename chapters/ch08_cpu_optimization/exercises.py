@@ -69,9 +69,20 @@ def q4_matvec_kernel(qs, d, m, x):
     independent rows, so LLVM can put 16 of them in one AVX-512 register (8 with AVX2)
     and do the same instruction to all. Per block, use
     ``w . x = d * sum(q * x) + m * sum(x)`` (``block_sums`` gives every block's
-    ``sum(x)``), and keep the codes' conversion in 32 bits: ``np.float32(byte)`` for the
-    byte, ``np.float32(byte >> 4)`` for the high nibble, and ``byte - 16 * high`` for the
-    low one (``byte & 15`` makes Numba widen to 64-bit integers).
+    ``sum(x)``).
+
+    Keep every number in the loops float32. To Numba a bare ``16`` or ``0.5`` is 64-bit,
+    and int64 or float64 with float32 gives float64: ``np.float32(byte) - 16 * high``
+    is computed in doubles, half the lanes per register plus conversions, 2 to 3 times
+    slower. Name the constant once, before the loops, and convert the codes with it::
+
+        sixteen = np.float32(16)
+        ...
+        high = np.float32(byte >> 4)            # the high nibble
+        low = np.float32(byte) - sixteen * high  # the low one, without leaving 32 bits
+
+    (``np.float32(byte & 15)`` is right too, but Numba widens the ``&`` to 64-bit
+    integers first: a little slower.) Arrays likewise: ``np.zeros(LANES, np.float32)``.
     """
     raise NotImplementedError(
         "Exercise 8.6 `q4_matvec_kernel`: not implemented yet — see ch08_cpu_optimization.ipynb §8.6"
@@ -82,8 +93,10 @@ def q4_matvec_simd(w: PackedMatrix, x: np.ndarray) -> np.ndarray:
     """``W x -> [rows]`` float32 with :func:`q4_matvec_kernel`.
 
     ``ValueError`` unless ``w.kind == "q4"`` and ``x`` has shape ``[w.cols]`` (a compiled
-    kernel does not check bounds: a short ``x`` would be read past its end). Pass ``x`` as
-    contiguous float32, and drop the padding rows from the kernel's result.
+    kernel does not check bounds: a short ``x`` would be read past its end). Pass ``x`` to the
+    kernel as contiguous float32, ``np.ascontiguousarray(x, dtype=np.float32)``: for a float64
+    ``x`` Numba would compile a second, float64 kernel, and for a strided one it may not
+    compile at all. Drop the padding rows from the kernel's result.
     """
     raise NotImplementedError(
         "Exercise 8.6 `q4_matvec_simd`: not implemented yet — see ch08_cpu_optimization.ipynb §8.6"
