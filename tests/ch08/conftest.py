@@ -13,11 +13,12 @@ def call_compiled(name, fn, *args):
         return fn(*args)
     except TypingError as e:
         first = str(e).strip().splitlines()[:6]
-        pytest.fail(
-            f"Numba could not compile {name}:\n    " + "\n    ".join(first)
-            + "\nTo debug it as plain Python (with print), run with NUMBA_DISABLE_JIT=1.",
-            pytrace=False,
-        )
+    # failed outside the except block, so that pytest does not print Numba's whole error above it
+    pytest.fail(
+        f"Numba could not compile {name}:\n    " + "\n    ".join(first)
+        + "\nTo debug it as plain Python (with print), run with NUMBA_DISABLE_JIT=1.",
+        pytrace=False,
+    )
 
 
 @pytest.fixture
