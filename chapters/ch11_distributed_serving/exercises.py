@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator, Callable, Mapping
 
 # Exercise 11.6 uses these (see its region below)
 from llmrs_core.engine import RequestOutput  # noqa: F401
-from llmrs_core.server.loop import EngineDeadError, ResponseStream  # noqa: F401
+from llmrs_core.server.loop import EngineDeadError, ResponseStream, StreamError  # noqa: F401
 from llmrs_core.server.protocol import chat_delta, error_body, response, usage  # noqa: F401
 from llmrs_core.server.sse import StreamInfo
 
@@ -95,8 +95,9 @@ def parallel_block(x: np.ndarray, shard: dict[str, np.ndarray], comm: Communicat
 #
 #   stream: ResponseStream   ``async for out in stream`` gives RequestOutputs (request_id, new_text,
 #                            new_token_ids, finished, finish_reason, error, logprobs) until every
-#                            request of the HTTP call has finished; raises EngineDeadError if the
-#                            engine loop died. ``stream.unfinished``: ids of the requests not done yet.
+#                            request of the HTTP call has finished; raises a StreamError if it
+#                            ends early (see sse_events). ``stream.unfinished``: ids of the requests
+#                            not done yet.
 #   info: StreamInfo         response_id, created, model, chat (True: chat chunks), choice_of
 #                            (request id -> choice index), prompt_tokens; and
 #                            ``info.chunk(index, text, finish_reason, logprobs=())``: one content
@@ -135,8 +136,13 @@ async def sse_events(
     5. always last, whatever happened: ``b"data: [DONE]\\n\\n"``.
 
     Errors: an output with ``finish_reason == "error"`` sends ``error_body(out.error, "server_error",
-    code=500)`` as an event, aborts the other requests and ends the stream; an
-    ``EngineDeadError`` from the stream sends ``error_body(str(e), "server_error", code=503)``.
+    code=500)`` as an event, aborts the other requests and ends the stream. The stream itself
+    raises a ``StreamError`` when it ends early, one of three kinds, each with its HTTP status as
+    ``e.status``: ``EngineDeadError`` (503: the engine loop died or the server is draining),
+    ``RequestTimeoutError`` (504: the request ran past ``--request-timeout``) and
+    ``SlowConsumerError`` (408: the client read too slowly). Catch ``StreamError`` — all three —
+    and send ``error_body(str(e), "server_error", code=e.status)``; then ``[DONE]`` as always.
+    Whatever escapes your generator breaks the HTTP response off: the client gets neither.
 
     Disconnects: when the client goes away, the server closes this generator (``aclose()``, or it
     cancels the task iterating it): every request in ``stream.unfinished`` must then be passed

@@ -2,7 +2,8 @@
 
 The learner's ``sse_events`` is driven by a real ``ResponseStream`` that the test feeds with
 ``RequestOutput``s (the engine's own types, without the engine), and once inside the real server,
-read by the official ``openai`` client. The framing is OpenAI's (and vLLM's, llama.cpp's).
+read by the official ``openai`` client, and once past a request's deadline (``request_timeout``),
+read as raw HTTP. The framing is OpenAI's (and vLLM's, llama.cpp's).
 """
 
 from __future__ import annotations
@@ -13,7 +14,13 @@ import json
 import pytest
 
 from llmrs_core.engine import RequestOutput
-from llmrs_core.server.loop import EngineDeadError, ResponseStream
+from llmrs_core.server.loop import (
+    EngineDeadError,
+    RequestTimeoutError,
+    ResponseStream,
+    SlowConsumerError,
+    StreamError,
+)
 from llmrs_core.server.sse import StreamInfo
 
 WAIT = 30.0
@@ -207,6 +214,37 @@ def test_ex11_6_a_dead_engine_sends_an_error_event_then_done(ex):
         "when the stream raises EngineDeadError, send an error event (code 503) with its message, then [DONE]")
 
 
+ENDED_EARLY = {
+    "deadline": (RequestTimeoutError("the request did not finish within its deadline of 1 s (--request-timeout); "
+                                     "it was aborted"), 504),
+    "slow reader": (SlowConsumerError("the client did not read its stream: 8 outputs were waiting for it"), 408),
+}
+
+
+def catch_stream_error(error: StreamError) -> str:
+    return (f"Catch StreamError, the base of all three ways a stream ends early — EngineDeadError (503), "
+            f"RequestTimeoutError (504), SlowConsumerError (408) — and send error_body(str(e), 'server_error', "
+            f"code=e.status) ({error.status} here), then [DONE]")
+
+
+@pytest.mark.parametrize("kind", ENDED_EARLY)
+def test_ex11_6_a_stream_that_ends_early_sends_its_status_then_done(ex, kind):
+    error, status = ENDED_EARLY[kind]
+    try:
+        events, _ = run_stream(ex, [out("r0", "x"), error])
+    except StreamError as e:
+        pytest.fail(f"the {type(e).__name__} from `async for out in stream` escaped your generator (you catch "
+                    f"EngineDeadError only?): the client's response breaks off, with no error event and no [DONE]. "
+                    + catch_stream_error(error), pytrace=False)
+    payloads = parse(events)
+    chunks_of(payloads)
+    errors = [p for p in payloads if isinstance(p, dict) and "error" in p]
+    assert errors, f"the stream raised {type(error).__name__}: send an error event for it. {catch_stream_error(error)}"
+    assert errors[0]["error"]["code"] == status and errors[0]["error"]["message"] == str(error), (
+        f"the error event of a {type(error).__name__} has code e.status ({status}) and message str(e); yours: "
+        f"{errors[0]['error']}")
+
+
 # -- disconnects -----------------------------------------------------------------------------
 
 
@@ -322,3 +360,50 @@ def test_ex11_6_in_the_server_through_the_openai_client(ex, tmp_path):
     assert text == want.text, f"the streamed text {text!r} differs from model.chat's {want.text!r}"
     assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == len(want.token_ids)
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == want.finish_reason
+
+
+def test_ex11_6_a_request_timeout_in_the_server_sends_504_then_done(ex, tmp_path):
+    """``--request-timeout`` in the real server, with your writer plugged in: the engine thread is held at its
+    second forward pass (no request can finish), the deadline passes, and the raw HTTP body must end with the 504
+    error event and ``data: [DONE]``, as the engine's own writer sends them."""
+    pytest.importorskip("fastapi")
+    import httpx
+
+    import llmrs_core as llmrs
+    from llmrs_core.server import BackgroundServer, create_app
+    from llmrs_core.testing import write_tiny_llama
+    from llmrs_core.testing_faults import inject_faults
+
+    # a stub, a crash or a framing mistake shows here, in the terms above, not inside the server
+    chunks_of(parse(run_stream(ex, [out("r0", "a", reason="stop")])[0]))
+    path = tmp_path / "tiny.gguf"
+    write_tiny_llama(path, byte_tokenizer=True, seed=5)
+    model = llmrs.load(path, backend="numpy")
+    faults = inject_faults(model, stall_at=2, stall_s=WAIT)  # released below; a bound, so nothing can hang
+    problems: list = []
+    app = create_app(model, served_model_name="tiny", warm_up=False, request_timeout=1.0,
+                     stream_events=checked(ex.sse_events, problems))
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "late"}], "max_tokens": 50, "stream": True,
+            "ignore_eos": True, "temperature": 0}
+    with BackgroundServer(app) as url:
+        try:
+            with httpx.Client(base_url=url, timeout=WAIT, trust_env=False) as http, \
+                    http.stream("POST", "/v1/chat/completions", json=body) as response:
+                text = response.read().decode()
+        except httpx.HTTPError as e:
+            escaped = [p for p in problems if isinstance(p, StreamError)]
+            if escaped:
+                pytest.fail(f"past the request's deadline the stream raised {type(escaped[0]).__name__}, your "
+                            f"sse_events let it escape, and the client's response broke off ({type(e).__name__}: "
+                            f"{e}). " + catch_stream_error(escaped[0]), pytrace=False)
+            blame_sse_events(problems)
+            raise
+        finally:
+            faults.release()
+    blame_sse_events(problems)
+    assert response.status_code == 200, f"HTTP {response.status_code}: {text[:300]}"
+    payloads = chunks_of(parse([e.encode() + b"\n\n" for e in text.split("\n\n") if e]))
+    errors = [p["error"] for p in payloads if isinstance(p, dict) and "error" in p]
+    assert errors and errors[0]["code"] == 504 and "deadline of 1 s" in errors[0]["message"], (
+        f"past its deadline a stream sends the RequestTimeoutError as an error event with code 504; the events "
+        f"were {payloads}")

@@ -8,10 +8,13 @@ way here — and the chapter 11 test named after the mistake must fail with its 
 
 from __future__ import annotations
 
+from functools import partial
+
 import pytest
 
 from llmrs_core.distributed import sharding
 from llmrs_core.server import sse
+from llmrs_core.server.loop import EngineDeadError
 from llmrs_core.testing import chapter_tests, plant, solution_with
 from llmrs_core.testing import failure_message as failure
 
@@ -146,6 +149,15 @@ STREAM_MISTAKES = {
     "a dead engine's error escapes": (
         events(("except StreamError as e:", "except KeyError as e:")),
         T116.test_ex11_6_a_dead_engine_sends_an_error_event_then_done, "escaped your generator"),
+    "a deadline's error escapes: EngineDeadError caught only": (
+        {"sse_events": plant(sse.sse_events, ("except StreamError as e:", "except EngineDeadError as e:"),
+                             EngineDeadError=EngineDeadError)},
+        partial(T116.test_ex11_6_a_stream_that_ends_early_sends_its_status_then_done, kind="deadline"),
+        "escaped your generator (you catch EngineDeadError only?)"),
+    "a slow reader's error sent as 503": (
+        events(("code=e.status", "code=503")),
+        partial(T116.test_ex11_6_a_stream_that_ends_early_sends_its_status_then_done, kind="slow reader"),
+        "has code e.status (408)"),
     "no abort when the client leaves": (
         events((ABORT, "    finally:\n        pass")), T116.test_ex11_6_a_client_that_leaves_aborts_its_unfinished_requests,
         "Put the abort in a finally: block"),
@@ -176,6 +188,17 @@ def test_pretty_printed_json_is_named():
     pretty = plant(sse.sse_event, ('separators=(",", ":")', "indent=2"))
     text = failure(T116.test_ex11_6_sse_event_is_one_data_line_and_a_blank_line, solution_with(11, sse_event=pretty))
     assert "do not pretty-print with indent" in text, text
+
+
+def test_a_deadline_in_the_server_names_the_stream_error(tmp_path):
+    """The writer the docstring used to ask for (catching EngineDeadError only) breaks a real stream off when the
+    request's deadline passes: the server test says which error escaped and what to catch."""
+    only_dead = plant(sse.sse_events, ("except StreamError as e:", "except EngineDeadError as e:"),
+                      EngineDeadError=EngineDeadError)
+    text = failure(T116.test_ex11_6_a_request_timeout_in_the_server_sends_504_then_done,
+                   solution_with(11, sse_events=only_dead), tmp_path)
+    assert "the stream raised RequestTimeoutError, your sse_events let it escape" in text, text
+    assert "Catch StreamError" in text, text
 
 
 def test_a_wrong_event_inside_the_server_names_sse_events(tmp_path):
