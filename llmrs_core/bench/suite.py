@@ -171,41 +171,85 @@ class SpeedBench(Benchmark):
         self.compare = compare
 
     def run(self, model_path: Path, plan: Plan, tick: Callable[[str], None]) -> Outcome:
-        from ..loader import load
-        from .speed import _interleaved, _llama_cpp_runs, _our_runs
+        return speed_outcome(model_path, plan, tick, self.backends, self.compare, "speed")
 
-        engines, notes = {}, []
-        for name in self.backends:
-            model = load(model_path, backend=name, threads=plan.threads if name == "numba" else None)
-            engines[name] = (*_our_runs(model, plan.pp, plan.tg), plan.threads)
-        runs = _llama_cpp_runs(model_path, plan.pp, plan.tg, plan.threads) if self.compare else None
-        if runs is not None:
-            engines["llama.cpp"] = (*runs, None)
-        elif self.compare:
-            notes.append("llama.cpp: not installed (`.venv/bin/pip install llama-cpp-python`, a 5-minute build), "
-                         "so the speed figures have no reference")
 
-        last = list(engines)[-1]  # a round ends with the last engine's tg: one tick a round
-        run_pp, run_tg, blas = engines[last]
-        calls = []
+def speed_outcome(model_path: Path, plan: Plan, tick: Callable[[str], None], backends: Sequence[str],
+                  compare: bool, key: str) -> Outcome:
+    """pp/tg of ``backends`` and llama.cpp's (when ``compare`` and installed) on one file, interleaved,
+    as figures ``{key}.pp{N}.{engine}`` and ``{key}.pp{N}.{engine}/llama.cpp``."""
+    from ..loader import load
+    from .speed import _interleaved, _llama_cpp_runs, _our_runs
 
-        def run_tg_and_tick() -> None:
-            run_tg()
-            calls.append(1)
-            if len(calls) > 1:  # the first call is the warm-up
-                tick("speed")
-        engines[last] = (run_pp, run_tg_and_tick, blas)
-        times = _interleaved(engines, plan.repetitions)
-        figures = []
-        for kind, n in (("pp", plan.pp), ("tg", plan.tg)):
-            for name, t in times.items():
-                figures.append(Figure.of(f"speed.{kind}{n}.{name}", f"{name} {kind}{n}", "tokens/s",
-                                         [n / s for s in t[kind]]))
-            if "llama.cpp" in times:
-                for name in self.backends:  # tokens/s ratio = llama.cpp's seconds over ours, round by round
-                    figures.append(Figure.of(f"speed.{kind}{n}.{name}/llama.cpp", f"{name} / llama.cpp {kind}{n}",
-                                             "ratio", ratio_samples(times["llama.cpp"][kind], times[name][kind])))
-        return Outcome(figures, notes, {"pp": plan.pp, "tg": plan.tg, "engines": list(times)})
+    engines, notes = {}, []
+    for name in backends:
+        model = load(model_path, backend=name, threads=plan.threads if name == "numba" else None)
+        engines[name] = (*_our_runs(model, plan.pp, plan.tg), plan.threads)
+    runs = _llama_cpp_runs(model_path, plan.pp, plan.tg, plan.threads) if compare else None
+    if runs is not None:
+        engines["llama.cpp"] = (*runs, None)
+    elif compare:
+        notes.append("llama.cpp: not installed (`.venv/bin/pip install llama-cpp-python`, a 5-minute build), "
+                     "so the speed figures have no reference")
+
+    last = list(engines)[-1]  # a round ends with the last engine's tg: one tick a round
+    run_pp, run_tg, blas = engines[last]
+    calls = []
+
+    def run_tg_and_tick() -> None:
+        run_tg()
+        calls.append(1)
+        if len(calls) > 1:  # the first call is the warm-up
+            tick(key)
+    engines[last] = (run_pp, run_tg_and_tick, blas)
+    times = _interleaved(engines, plan.repetitions)
+    figures = []
+    for kind, n in (("pp", plan.pp), ("tg", plan.tg)):
+        for name, t in times.items():
+            figures.append(Figure.of(f"{key}.{kind}{n}.{name}", f"{name} {kind}{n}", "tokens/s",
+                                     [n / s for s in t[kind]]))
+        if "llama.cpp" in times:
+            for name in backends:  # tokens/s ratio = llama.cpp's seconds over ours, round by round
+                figures.append(Figure.of(f"{key}.{kind}{n}.{name}/llama.cpp", f"{name} / llama.cpp {kind}{n}",
+                                         "ratio", ratio_samples(times["llama.cpp"][kind], times[name][kind])))
+    return Outcome(figures, notes, {"pp": plan.pp, "tg": plan.tg, "engines": list(times)})
+
+
+#: the full-size random-weight files `make full-size-check` leaves (scripts/full_size_models.py), in
+#: ``$LLMRS_FULL_SIZE_DIR`` or ``~/.cache/llmrs-full-size/<shape>/<shape>.Q4_K_M.gguf``
+SCALE_SHAPES = ("qwen2.5-0.5b", "qwen3-0.6b", "llama-3.2-1b")
+
+
+def full_size_files() -> dict[str, Path]:
+    """The :data:`SCALE_SHAPES` files present here, by shape."""
+    root = Path(os.environ.get("LLMRS_FULL_SIZE_DIR", Path.home() / ".cache" / "llmrs-full-size"))
+    files = {shape: root / shape / f"{shape}.Q4_K_M.gguf" for shape in SCALE_SHAPES}
+    return {shape: path for shape, path in files.items() if path.is_file()}
+
+
+class ScaleBench(Benchmark):
+    """Speed at the sizes people run (issue 30): ``speed`` on each full-size Q4_K_M file, the numba
+    backend against llama.cpp, figures ``scale.<shape>.pp<N>.<engine>``."""
+
+    name, title = "scale", "scale: pp/tg at 0.5B-1B parameters, Q4_K_M, against llama.cpp (chapter 8)"
+
+    def missing(self) -> str | None:
+        if full_size_files():
+            return None
+        return ("no full-size files: `make full-size-check` makes them (random weights at the shapes of "
+                f"{', '.join(SCALE_SHAPES)}; it needs a reference environment, see the README)")
+
+    def steps(self, plan: Plan) -> int:
+        return plan.repetitions * len(full_size_files())
+
+    def run(self, model_path: Path, plan: Plan, tick: Callable[[str], None]) -> Outcome:
+        figures, notes, raw = [], [], {}
+        for shape, path in full_size_files().items():
+            outcome = speed_outcome(path, plan, tick, ("numba",), True, f"scale.{shape}")
+            figures += outcome.figures
+            notes += [f"{shape}: {note}" for note in outcome.notes]
+            raw[shape] = {**outcome.raw, "file": str(path), "bytes": path.stat().st_size}
+        return Outcome(figures, notes, raw)
 
 
 class ThroughputBench(Benchmark):
@@ -450,7 +494,7 @@ def _slug(name: str) -> str:
 #: every benchmark, in the order they run
 BENCHMARKS: dict[str, Callable[[], Benchmark]] = {
     "tokenizer": TokenizerBench, "speed": SpeedBench, "throughput": ThroughputBench, "serve": ServeBench,
-    "quant": QuantBench, "dist": DistBench,
+    "quant": QuantBench, "dist": DistBench, "scale": ScaleBench,
 }
 
 
@@ -559,5 +603,6 @@ def figures_of(result: dict) -> dict[str, Figure]:
     return {d["key"]: Figure.from_json(d) for d in result["figures"]}
 
 
-__all__ = ["BENCHMARKS", "Benchmark", "DistBench", "Outcome", "Plan", "QuantBench", "ServeBench", "SpeedBench",
+__all__ = ["BENCHMARKS", "Benchmark", "DistBench", "Outcome", "Plan", "QuantBench", "ScaleBench", "ServeBench",
+           "SpeedBench", "full_size_files", "speed_outcome",
            "ThroughputBench", "TokenizerBench", "busy_check", "figures_of", "ratio_samples", "run_all"]

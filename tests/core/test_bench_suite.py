@@ -253,3 +253,23 @@ def test_figures_of_different_workloads_are_not_compared():
                     "throughput.decode.1"]
     other_threads = {**new, "plan": {**old["plan"], "threads": 1}}
     assert compare_results(old, other_threads)[0] == []
+
+
+def test_scale_names_how_to_make_its_files_and_measures_each_one(tmp_path, monkeypatch):
+    """``scale`` (issue 30) runs speed on each full-size file `make full-size-check` left, and
+    without them says how to make them instead of failing."""
+    from llmrs_core.bench.suite import ScaleBench, full_size_files
+
+    monkeypatch.setenv("LLMRS_FULL_SIZE_DIR", str(tmp_path))
+    bench = ScaleBench()
+    assert "make full-size-check" in bench.missing()
+    shape = "qwen2.5-0.5b"
+    (tmp_path / shape).mkdir()
+    write_tiny_llama(tmp_path / shape / f"{shape}.Q4_K_M.gguf", byte_tokenizer=True, seed=5, context_length=64)
+    assert bench.missing() is None and list(full_size_files()) == [shape]
+    ticks = []
+    outcome = bench.run(tmp_path / "unused.gguf", TINY_PLAN, ticks.append)
+    keys = {f.key for f in outcome.figures}
+    assert {f"scale.{shape}.pp16.numba", f"scale.{shape}.tg4.numba"} <= keys, keys
+    assert len(ticks) == bench.steps(TINY_PLAN) == TINY_PLAN.repetitions
+    assert outcome.raw[shape]["bytes"] > 0

@@ -33,22 +33,31 @@ NO_INT8 = int8.int8_unavailable()
 needs_int8 = pytest.mark.skipif(NO_INT8 is not None, reason=f"int8 kernels not compiled: {NO_INT8}")
 
 
-#: the three kernel forms: Q4 codes with offsets per 32 (Q4_1 read as such), Q8 codes per 32
-#: (Q8_0), Q8 codes per 16 (Q6_K's sub-blocks, Q8_K activations)
-KINDS = ["q4", "q8", "q8_16"]
+#: the kernel forms, by the GGML type each stands for: (source, code range, weights per scale, offsets?)
+FORMS = {
+    "q4": ("Q4_1", (0, 16), 32, True),         # 4-bit codes and an offset per 32
+    "q8": ("Q8_0", (-128, 128), 32, False),    # signed 8-bit codes
+    "q5_0": ("Q5_0", (-16, 16), 32, False),    # "q4h": nibble + one bit plane, bias 16
+    "q6_k": ("Q6_K", (-32, 32), 16, False),    # "q4h": nibble + two bit planes, bias 32, scale per 16
+    "q3_k": ("Q3_K", (-4, 4), 16, False),      # "q4h": nibble only, bias 4, scale per 16
+    "q8a": ("Q5_K", (0, 32), 32, True),        # unsigned 8-bit codes with offsets
+    "q8a_16": ("Q2_K", (0, 4), 16, True),      # the same per 16
+}
+KINDS = list(FORMS)
 
 
 def random_matrix(kind: str, rows: int, cols: int, rng: np.random.Generator):
-    """A packed random matrix and its parts: codes ``[rows, cols]``, ``d``, ``m`` ``[rows, cols / block]``."""
-    block = 16 if kind == "q8_16" else 32
+    """A random matrix's int8 copy and its parts: codes ``[rows, cols]``, ``d``, ``m`` ``[rows, cols / block]``."""
+    source, (low, high), block, offsets = FORMS[kind]
     nb = cols // block
     d = rng.uniform(0.001, 0.1, (rows, nb)).astype(np.float32)
+    codes = rng.integers(low, high, (rows, cols)).astype(np.uint8 if low >= 0 else np.int8)
+    m = rng.uniform(-0.5, 0.5, (rows, nb)).astype(np.float32) if offsets else np.zeros_like(d)
     if kind == "q4":
-        codes = rng.integers(0, 16, (rows, cols), dtype=np.uint8)
-        m = rng.uniform(-0.5, 0.5, (rows, nb)).astype(np.float32)
-        return pack_affine_q4(codes, d, m, "Q4_1"), codes, d, m
-    codes = rng.integers(-128, 128, (rows, cols)).astype(np.int8)
-    return pack_q8(codes, d, "Q6_K" if block == 16 else "Q8_0", block=block), codes, d, np.zeros_like(d)
+        return int8.int8_rows(pack_affine_q4(codes, d, m, source)), codes, d, m
+    if offsets:
+        return int8.int8_rows_unsigned(codes, d, m, source), codes, d, m
+    return int8.int8_rows(pack_q8(codes, d, source, block=block)), codes, d, m
 
 
 def block_terms(codes, d, m, xq, xd, xs):
@@ -81,34 +90,49 @@ def rounding_bound(terms: np.ndarray) -> np.ndarray:
 def test_row_major_copy_keeps_every_code():
     rng = np.random.default_rng(0)
     for kind in KINDS:
-        w, codes, d, m = random_matrix(kind, 70, 96, rng)  # 70 rows: the last group is padded
-        copy = int8.int8_rows(w)
+        copy, codes, d, m = random_matrix(kind, 70, 256, rng)  # 70 rows: the last group is padded
         groups, nb = -(-70 // int8.GROUP_ROWS), d.shape[1]
-        assert copy.qs.shape[0] == groups and copy.d.shape == (groups, nb * int8.GROUP_ROWS)
+        assert copy.qs.shape[0] == groups and copy.d.shape == (groups, nb * int8.GROUP_ROWS), kind
         qs, d_rows, m_rows = copy.row_major()
         assert d_rows.shape == (70, nb)
         np.testing.assert_array_equal(d_rows, d)
-        if kind == "q4":
-            b = qs.reshape(70, 3, 16)
-            np.testing.assert_array_equal(np.concatenate([b & 15, b >> 4], -1).reshape(70, 96), codes)
+        if FORMS[kind][3]:
             np.testing.assert_array_equal(m_rows, m)
+        if kind == "q4":
+            b = qs.reshape(70, -1, 16)
+            np.testing.assert_array_equal(np.concatenate([b & 15, b >> 4], -1).reshape(70, 256), codes)
         else:
-            np.testing.assert_array_equal(qs, codes)
-        # a group's blocks lie block by block, each in words of four bytes of every row: the first
-        # word holds bytes 0..3 of rows 0..7, the next bytes 4..7 of each; block 1 follows block 0
-        per_block = {"q4": 16, "q8": 32, "q8_16": 16}[kind]
-        group = qs[: int8.GROUP_ROWS]
-        np.testing.assert_array_equal(copy.qs[0, :32], group[:, :4].reshape(-1))
-        np.testing.assert_array_equal(copy.qs[0, 32:64], group[:, 4:8].reshape(-1))
-        start = int8.GROUP_ROWS * per_block
-        np.testing.assert_array_equal(copy.qs[0, start:start + 32], group[:, per_block:per_block + 4].reshape(-1))
+            np.testing.assert_array_equal(qs, codes, kind)
+        if kind in ("q4", "q8"):
+            # a group's blocks lie block by block, each in words of four bytes of every row: the first
+            # word holds bytes 0..3 of rows 0..7, the next bytes 4..7 of each; block 1 follows block 0
+            per_block = 16 if kind == "q4" else 32
+            group = qs[: int8.GROUP_ROWS]
+            np.testing.assert_array_equal(copy.qs[0, :32], group[:, :4].reshape(-1))
+            np.testing.assert_array_equal(copy.qs[0, 32:64], group[:, 4:8].reshape(-1))
+            start = int8.GROUP_ROWS * per_block
+            np.testing.assert_array_equal(copy.qs[0, start:start + 32], group[:, per_block:per_block + 4].reshape(-1))
+
+
+def test_bit_planes_hold_the_high_bits_row_by_row():
+    """``"q4h"``: per 32-code block and plane a 32-byte word, row r's 32 bits in lane r."""
+    codes = np.full((8, 32), -32, np.int8)  # Q6_K's code -32 is stored as 0: no bit set
+    codes[3, 5] = 31 - 32  # stored 31 = 0b011111: bit 4 set, bit 5 not
+    codes[6, 31] = 31  # stored 63: bits 4 and 5
+    copy = int8.int8_rows_planes(codes, np.ones((8, 2), np.float32), "Q6_K", "q8_k")
+    lanes = copy.qh.view(np.uint32).reshape(2, 8)  # [plane, row]
+    want = np.zeros((2, 8), np.uint32)
+    want[0, 3], want[0, 6], want[1, 6] = 1 << 5, 1 << 31, 1 << 31
+    np.testing.assert_array_equal(lanes, want)
+    assert copy.nbytes == 16 * 8 + 2 * 32 + 2 * 8 * 4, "32 weights in 16 + 8 + 8 bytes, not 40"
 
 
 def test_each_copy_quantises_its_input_as_llamacpp_does_for_its_type():
     ones = np.ones((32, 256), np.int8), np.ones((32, 16), np.float32)
     q6 = int8.int8_rows(pack_q8(*ones, "Q6_K", block=16))
-    assert (q6.scheme, q6.block) == ("q8_k", 16), "Q6_K multiplies Q8_K activations, per 16-weight sub-block"
+    assert (q6.kind, q6.scheme, q6.block) == ("q4h", "q8_k", 16), "Q6_K multiplies Q8_K activations per 16"
     assert int8.int8_rows(pack_q8(ones[0], ones[1][:, :8], "Q5_0")).scheme == "q8_0"
+    assert int8.int8_rows(pack_q8(ones[0], ones[1][:, :8], "IQ4_NL")).kind == "q8"
     codes = np.zeros((32, 256), np.uint8)
     q4k = int8.int8_rows(pack_affine_q4(codes, ones[1][:, :8], ones[1][:, :8], "Q4_K"))
     assert (q4k.scheme, q4k.block) == ("q8_k", 32)
@@ -117,32 +141,30 @@ def test_each_copy_quantises_its_input_as_llamacpp_does_for_its_type():
 
 @needs_int8
 @pytest.mark.parametrize("kind", KINDS)
-@given(seed=st.integers(0, 2**32 - 1), t_count=st.integers(1, 5), nb=st.integers(1, 8),
+@given(seed=st.integers(0, 2**32 - 1), t_count=st.integers(1, 6), nb=st.sampled_from([8, 16, 24]),
        extremes=st.booleans())
 @settings(max_examples=30, deadline=None)
 def test_integer_part_is_exact(kind, seed, t_count, nb, extremes):
     """Unit scales and no offset: the kernel must return the integer dot product, exactly."""
     rng = np.random.default_rng(seed)
-    rows = 33
-    w, codes, _, _ = random_matrix(kind, rows, 32 * nb, rng)
+    rows, cols = 33, 32 * nb
+    copy, codes, _, _ = random_matrix(kind, rows, cols, rng)
+    source, (low, high), block, offsets = FORMS[kind]
     if extremes:  # the largest pair sums vpmaddubsw sees: no int16 saturation allowed
-        codes[:] = 15 if kind == "q4" else -128
-        per = 2 if kind == "q8_16" else 1
-        w = pack_affine_q4(codes, np.ones((rows, nb)), np.zeros((rows, nb)), "Q4_1") if kind == "q4" else \
-            pack_q8(codes, np.ones((rows, nb * per)), "Q6_K" if per == 2 else "Q8_0", block=32 // per)
-    copy = int8.int8_rows(w)
+        codes[:] = low if low < 0 else high - 1
+        ones = np.ones((rows, cols // block), np.float32)
+        copy = (int8.int8_rows(pack_affine_q4(codes, ones, 0 * ones, source)) if kind == "q4" else
+                int8.int8_rows_unsigned(codes, ones, 0 * ones, source) if offsets else
+                int8.int8_rows(pack_q8(codes, ones, source, block=block)))
     copy.d[:] = 1
     copy.m[:] = 0
-    xq = rng.integers(-127, 128, (t_count, 32 * nb)).astype(np.int8)
+    xq = rng.integers(-127, 128, (t_count, cols)).astype(np.int8)
     if extremes:
         xq[:] = -127
-    ones = np.ones((t_count, copy.d.shape[1] // int8.GROUP_ROWS), np.float32)
-    if kind == "q4":
-        got = int8.q4_int8_matmul(copy.qs, copy.d, copy.m, xq, ones, np.zeros_like(ones))[:, :rows]
-    else:
-        got = int8.q8_int8_matmul(copy.qs, copy.d, xq, ones)[:, :rows]
+    ones = np.ones((t_count, cols // block), np.float32)
+    got = int8.products(copy, xq, ones, np.zeros_like(ones))
     want = xq.astype(np.int64) @ codes.astype(np.int64).T  # |values| < 2^24: exact in float32 too
-    np.testing.assert_array_equal(got, want.astype(np.float32), "the integer dot products are not exact")
+    np.testing.assert_array_equal(got, want.astype(np.float32), f"{kind}: the integer dot products are not exact")
 
 
 @needs_int8
@@ -150,10 +172,9 @@ def test_integer_part_is_exact(kind, seed, t_count, nb, extremes):
 @pytest.mark.parametrize("t_count, cols", [(1, 768), (3, 1536), (5, 256)])
 def test_products_are_the_quantised_arithmetic(kind, t_count, cols):
     rng = np.random.default_rng(t_count + cols)
-    w, codes, d, m = random_matrix(kind, 200, cols, rng)
+    copy, codes, d, m = random_matrix(kind, 200, cols, rng)
     x = rng.standard_normal((t_count, cols)).astype(np.float32)
     x[:, 5] *= 40  # an outlier channel, as real activations have
-    copy = int8.int8_rows(w)
     got = int8.matmul_int8(x, copy)
     xq, xd, xs = quantize_activations(x, copy.scheme, copy.block)
     terms = block_terms(codes, d, m, xq, xd, xs)
@@ -171,7 +192,7 @@ def test_products_are_the_quantised_arithmetic(kind, t_count, cols):
 def test_matmul_int8_rejects_a_mismatched_input():
     w, *_ = random_matrix("q4", 32, 64, np.random.default_rng(0))
     with pytest.raises(ValueError, match=r"expects \[T, 64\]"):
-        int8.matmul_int8(np.zeros((1, 32), np.float32), int8.int8_rows(w))
+        int8.matmul_int8(np.zeros((1, 32), np.float32), w)
 
 
 _DISPATCH = """
@@ -210,14 +231,16 @@ _SAME_PRODUCTS = """
 import sys
 import numpy as np
 from llmrs_core.kernels.cpu import int8
-from llmrs_core.kernels.cpu.activations import quantize_activations
 from llmrs_core.kernels.cpu.packing import pack_affine_q4, pack_q8
 rng = np.random.default_rng(7)
-x = rng.standard_normal((5, 96)).astype(np.float32)
-q4 = pack_affine_q4(rng.integers(0, 16, (37, 96), dtype=np.uint8), rng.random((37, 3), np.float32),
-                    rng.random((37, 3), np.float32), "Q4_1")
-q8 = pack_q8(rng.integers(-128, 128, (37, 96)).astype(np.int8), rng.random((37, 3), np.float32), "Q8_0")
-np.save(sys.argv[1], np.stack([int8.matmul_int8(x, int8.int8_rows(w)) for w in (q4, q8)]))
+x = rng.standard_normal((5, 256)).astype(np.float32)
+d8, d16 = rng.random((37, 8), np.float32), rng.random((37, 16), np.float32)
+copies = [int8.int8_rows(pack_affine_q4(rng.integers(0, 16, (37, 256), dtype=np.uint8), d8, d8, "Q4_1")),
+          int8.int8_rows(pack_q8(rng.integers(-128, 128, (37, 256)).astype(np.int8), d8, "Q8_0")),
+          int8.int8_rows(pack_q8(rng.integers(-16, 16, (37, 256)).astype(np.int8), d8, "Q5_0")),
+          int8.int8_rows(pack_q8(rng.integers(-32, 32, (37, 256)).astype(np.int8), d16, "Q6_K", block=16)),
+          int8.int8_rows_unsigned(rng.integers(0, 32, (37, 256)).astype(np.uint8), d8, d8, "Q5_K")]
+np.save(sys.argv[1], np.stack([int8.matmul_int8(x, w) for w in copies]))
 print(int8.int8_instructions())
 """
 
@@ -291,7 +314,7 @@ def test_a_non_finite_activation_makes_its_products_non_finite(bad):
     x[0, 40] = bad  # block 1 of row 0, after finite values in that block
     xq, xd, xs = int8.quantize_q8_1(x)
     assert not np.isfinite(xd[0, 1]) and np.isfinite(xd[0, 0]) and np.isfinite(xd[1]).all()
-    out = int8.matmul_int8(x, int8.int8_rows(w))
+    out = int8.matmul_int8(x, w)
     assert not np.isfinite(out[0]).any(), "a NaN or inf activation vanished in the int8 products"
     assert np.isfinite(out[1]).all()
 
@@ -317,3 +340,25 @@ def test_a_request_computes_the_same_numbers_batched_as_alone(tmp_path):
     batched = net.forward_batch([(ids, net.new_cache(len(ids))) for ids in short], last_only=False)
     for i, (got, want) in enumerate(zip(batched, alone)):
         np.testing.assert_array_equal(got, want, f"sequence {i} batched with the others differs from it alone")
+
+
+@needs_int8
+def test_fused_parts_keep_their_types_form():
+    """Q, K and V fused into one matrix: parts of one plane type share a plane copy; Q6_K and Q3_K parts
+    (the same packed shape, different codes) are not fused, each keeping its own form."""
+    from llmrs_core.kernels.cpu.packing import fuse
+
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((2, 256)).astype(np.float32)
+
+    def part(source, low, high):
+        return pack_q8(rng.integers(low, high, (32, 256)).astype(np.int8), rng.random((32, 16), np.float32),
+                       source, block=16)
+
+    parts = [part("Q6_K", -32, 32), part("Q6_K", -32, 32)]
+    whole = fuse(parts)[0].fused
+    copy = int8.int8_rows(whole)
+    assert (copy.kind, copy.variant) == ("q4h", "Q6_K")
+    alone = np.concatenate([int8.matmul_int8(x, int8.int8_rows(p)) for p in parts], axis=1)
+    np.testing.assert_array_equal(int8.matmul_int8(x, copy), alone)
+    assert fuse([part("Q6_K", -32, 32), part("Q3_K", -4, 4)]) is None

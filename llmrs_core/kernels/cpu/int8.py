@@ -243,6 +243,114 @@ def _rows_dot(context, builder, signature, args, form: str, vnni: bool, n_t: int
         builder.store(builder.load(accs[j]), builder.bitcast(builder.gep(out, [at]), _V8F.as_pointer()), align=1)
 
 
+def _high_bits(builder, plane, shift: int, value: int):
+    """Bytes of ``value`` or 0: byte ``i`` of lane ``r`` is ``value`` where bit ``shift + i`` of lane ``r``
+    of ``plane`` (``<8 x i32>``, one row's 32 bits per lane) is set, for ``i`` in 0..3. Four code
+    bytes of each of eight rows, as a code word of :class:`Int8Rows` holds them."""
+    v = builder.bitcast(builder.lshr(plane, ir.Constant(_V8I32, [shift] * 8)), _V32I8)
+    spread = builder.shuffle_vector(v, ir.Constant(_V32I8, ir.Undefined),
+                                    ir.Constant(ir.VectorType(_I32, 32), [4 * (i // 4) for i in range(32)]))
+    bits = builder.and_(spread, ir.Constant(_V32I8, [1, 2, 4, 8] * 8))
+    zero = ir.Constant(_V32I8, [0] * 32)
+    return builder.select(builder.icmp_unsigned("!=", bits, zero), ir.Constant(_V32I8, [value] * 32), zero)
+
+
+def _rows_dot_planes(context, builder, signature, args, hbits: int, bias: int, block: int, vnni: bool,
+                     n_t: int) -> None:
+    """The ``"q4h"`` form's IR (:class:`Int8Rows`): a code is its nibble plus ``hbits`` high bits
+    from bit planes, minus ``bias``. Per 32-code block, four nibble words and ``hbits`` plane words
+    give unsigned codes (``_high_bits``); their integer products with the activation codes, less
+    ``bias`` times the activations' code sum (``xsum``, an integer: the bias is applied exactly, as
+    ggml subtracts it), are scaled per ``block`` (32, or 16: the low nibbles' half and the high
+    nibbles' half then have scales of their own). Arguments ``qs, qh, d, xq, xd, xsum, out, group, t``.
+    """
+    arrays = [context.make_array(ty)(context, builder, value) for ty, value in zip(signature.args[:7], args[:7])]
+    qs, qh, d, xq, xd, xsum, out = (a.data for a in arrays)
+    per_group = builder.extract_value(arrays[2].shape, 1)  # d is [groups, n_scales * GROUP_ROWS]
+    n_scales = builder.udiv(per_group, ir.Constant(per_group.type, GROUP_ROWS))
+    halves = 32 // block  # scales per 32-code block
+    nb = builder.udiv(n_scales, ir.Constant(n_scales.type, halves))
+    out_cols = builder.extract_value(arrays[-1].shape, 1)
+    group = context.cast(builder, args[7], signature.args[7], types.intp)
+    t = context.cast(builder, args[8], signature.args[8], types.intp)
+    intp = nb.type
+
+    def const(value):
+        return ir.Constant(intp, value)
+
+    module = builder.module
+    fma = _declare(module, "llvm.fma.v8f32", _V8F, [_V8F, _V8F, _V8F])
+    if vnni:
+        dpbusd = _declare(module, "llvm.x86.avx512.vpdpbusd.256", _V8I32, [_V8I32, _V8I32, _V8I32])
+    else:
+        maddubs = _declare(module, "llvm.x86.avx2.pmadd.ub.sw", _V16I16, [_V32I8, _V32I8])
+        maddwd = _declare(module, "llvm.x86.avx2.pmadd.wd", _V8I32, [_V16I16, _V16I16])
+    ones = ir.Constant(_V16I16, [1] * 16)
+    x_words = builder.bitcast(xq, _I32.as_pointer())
+    planes_ptr = builder.bitcast(qh, _V8I32.as_pointer())
+
+    accs = [cgutils.alloca_once_value(builder, ir.Constant(_V8F, [0.0] * 8)) for _ in range(n_t)]
+    with cgutils.for_range(builder, nb) as loop:
+        b = loop.index
+        group_block = builder.add(builder.mul(group, nb), b)
+        planes = [builder.load(builder.gep(planes_ptr, [builder.add(builder.mul(group_block, const(hbits)),
+                                                                    const(p))]), align=1) for p in range(hbits)]
+        x_block = [builder.add(builder.mul(builder.add(t, const(j)), nb), b) for j in range(n_t)]
+        zero_ints = ir.Constant(_V8I32, [0] * 8)
+        ints = [[zero_ints] * halves for _ in range(n_t)]  # per activation row, per scale of the block
+        for k in range(4):
+            wv = _load(builder, qs, builder.mul(builder.add(builder.mul(group_block, const(4)), const(k)), const(32)),
+                       _V32I8)
+            for half, (codes, shift) in enumerate(((builder.and_(wv, ir.Constant(_V32I8, [15] * 32)), 4 * k),
+                                                   (builder.lshr(wv, ir.Constant(_V32I8, [4] * 32)), 16 + 4 * k))):
+                for p, plane in enumerate(planes):
+                    codes = builder.or_(codes, _high_bits(builder, plane, shift, 16 << p))
+                word = 4 * half + k  # codes 4k.. (low nibbles) or 16 + 4k.. (high ones) of the block
+                for j in range(n_t):
+                    at = builder.add(builder.mul(x_block[j], const(8)), const(word))
+                    xv = builder.bitcast(_splat(builder, builder.load(builder.gep(x_words, [at]), align=1), _V8I32),
+                                         _V32I8)
+                    h = half if halves == 2 else 0
+                    if vnni:
+                        ints[j][h] = builder.call(dpbusd, [ints[j][h], builder.bitcast(codes, _V8I32),
+                                                           builder.bitcast(xv, _V8I32)])
+                    else:
+                        pairs = builder.call(maddubs, [codes, xv])
+                        ints[j][h] = builder.add(ints[j][h], builder.call(maddwd, [pairs, ones]))
+        for h in range(halves):
+            scale_block = builder.add(builder.mul(group_block, const(halves)), const(h))
+            w_scale = _load(builder, d, builder.mul(scale_block, const(GROUP_ROWS)), _V8F)
+            for j in range(n_t):
+                x_scale_at = builder.add(builder.mul(x_block[j], const(halves)), const(h))
+                sums = ints[j][h]
+                if bias:
+                    x_sum = builder.load(builder.gep(xsum, [x_scale_at]))
+                    sums = builder.sub(sums, _splat(builder, builder.mul(x_sum, ir.Constant(_I32, bias)), _V8I32))
+                x_scale = _splat(builder, builder.load(builder.gep(xd, [x_scale_at])), _V8F)
+                acc = builder.call(fma, [builder.sitofp(sums, _V8F), builder.fmul(w_scale, x_scale),
+                                         builder.load(accs[j])])
+                builder.store(acc, accs[j])
+    first_row = builder.mul(group, const(GROUP_ROWS))
+    for j in range(n_t):
+        at = builder.add(builder.mul(builder.add(t, const(j)), out_cols), first_row)
+        builder.store(builder.load(accs[j]), builder.bitcast(builder.gep(out, [at]), _V8F.as_pointer()), align=1)
+
+
+def _planes_intrinsic(hbits: int, bias: int, block: int, n_t: int):
+    """The ``"q4h"`` counterpart of :func:`_rows_intrinsic`, for one (high bits, bias, block) variant."""
+    def typer(typingctx, qs, qh, d, xq, xd, xsum, out, group, t):
+        _check_arrays(qs, qh, d, xq, xd, xsum, out)
+        return types.void(qs, qh, d, xq, xd, xsum, out, group, t), codegen
+
+    def codegen(context, builder, signature, args):
+        _rows_dot_planes(context, builder, signature, args, hbits, bias, block,
+                         int8_instructions() == "avx512-vnni", n_t)
+        return context.get_dummy_value()
+
+    typer.__name__ = f"q4h{hbits}_{bias}_{block}_rows_dot_{GROUP_ROWS}x{n_t}"
+    return intrinsic(typer)
+
+
 def _check_arrays(*arrays) -> None:
     """The IR indexes raw data pointers: only C-contiguous 2-D arrays are laid out as it assumes."""
     for a in arrays:
@@ -276,12 +384,18 @@ q4_rows_dot = _rows_intrinsic("q4", n_t=1)
 q4_rows_dot_x4 = _rows_intrinsic("q4", n_t=X_ROWS)
 q8_rows_dot = _rows_intrinsic("q8", n_t=1)
 q8_rows_dot_x4 = _rows_intrinsic("q8", n_t=X_ROWS)
-q8_16_rows_dot = _rows_intrinsic("q8", n_t=1, block=16)
-q8_16_rows_dot_x4 = _rows_intrinsic("q8", n_t=X_ROWS, block=16)
 q8a_rows_dot = _rows_intrinsic("q8a", n_t=1)
 q8a_rows_dot_x4 = _rows_intrinsic("q8a", n_t=X_ROWS)
 q8a_16_rows_dot = _rows_intrinsic("q8a", n_t=1, block=16)
 q8a_16_rows_dot_x4 = _rows_intrinsic("q8a", n_t=X_ROWS, block=16)
+
+
+#: the ``"q4h"`` variants: (high bits, bias, weights per scale) by the GGML type they hold. Q5_0:
+#: ``q - 16`` with five bits; Q6_K: ``q - 32`` with six, scale per 16; Q3_K: ``q - 4``, three bits
+PLANE_FORMS = {"Q5_0": (1, 16, 32), "Q6_K": (2, 32, 16), "Q3_K": (0, 4, 16)}
+q5_0_rows_dot, q5_0_rows_dot_x4 = (_planes_intrinsic(*PLANE_FORMS["Q5_0"], n_t) for n_t in (1, X_ROWS))
+q6_k_rows_dot, q6_k_rows_dot_x4 = (_planes_intrinsic(*PLANE_FORMS["Q6_K"], n_t) for n_t in (1, X_ROWS))
+q3_k_rows_dot, q3_k_rows_dot_x4 = (_planes_intrinsic(*PLANE_FORMS["Q3_K"], n_t) for n_t in (1, X_ROWS))
 
 
 def int8_unavailable() -> str | None:
@@ -341,10 +455,14 @@ class Int8Rows:
     scheme: str = "q8_0"
     #: weights per scale: 32, or 16 for Q8 codes (Q6_K, Q3_K)
     block: int = BLOCK
+    #: ``"q4h"``: the high bits' planes, uint8 ``[groups, nb * hbits * 32]``; the GGML type's
+    #: :data:`PLANE_FORMS` variant
+    qh: np.ndarray | None = None
+    variant: str = ""
 
     @property
     def nbytes(self) -> int:
-        return self.qs.nbytes + self.d.nbytes + self.m.nbytes
+        return self.qs.nbytes + self.d.nbytes + self.m.nbytes + (self.qh.nbytes if self.qh is not None else 0)
 
     def row_slice(self, start: int, stop: int) -> Int8Rows:
         """Rows ``start:stop`` as views (a part of a fused matrix); ``start`` a multiple of GROUP_ROWS.
@@ -353,20 +471,39 @@ class Int8Rows:
             raise ValueError(f"row_slice: start {start} is not a multiple of GROUP_ROWS ({GROUP_ROWS})")
         groups = slice(start // GROUP_ROWS, -(-stop // GROUP_ROWS))
         m = self.m if self.kind == "q8" else self.m[groups]
+        qh = self.qh[groups] if self.qh is not None else None
         return Int8Rows(self.kind, stop - start, self.cols, self.qs[groups], self.d[groups], m, self.scheme,
-                        self.block)
+                        self.block, qh, self.variant)
 
     def row_major(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``(qs [rows, nb * bytes per block], d [rows, nb], m [rows, nb] or empty)``: the rows one by one."""
+        if self.kind == "q4h":
+            return self._plane_codes(), self._row_scales(self.d), self.m
         nb = self.cols // self.block
         groups = self.qs.shape[0]
         codes = self.qs.reshape(groups, nb, -1, GROUP_ROWS, 4).transpose(0, 3, 1, 2, 4)
         qs = codes.reshape(groups * GROUP_ROWS, -1)[: self.rows]
 
-        def scales(a: np.ndarray) -> np.ndarray:
-            return a.reshape(groups, nb, GROUP_ROWS).transpose(0, 2, 1).reshape(-1, nb)[: self.rows]
+        return qs, self._row_scales(self.d), self.m if self.kind == "q8" else self._row_scales(self.m)
 
-        return qs, scales(self.d), self.m if self.kind == "q8" else scales(self.m)
+    def _row_scales(self, a: np.ndarray) -> np.ndarray:
+        """``[groups, nb * GROUP_ROWS]`` -> ``[rows, nb]``."""
+        nb = a.shape[1] // GROUP_ROWS
+        return a.reshape(-1, nb, GROUP_ROWS).transpose(0, 2, 1).reshape(-1, nb)[: self.rows]
+
+    def _plane_codes(self) -> np.ndarray:
+        """A ``"q4h"`` copy's codes as int8 ``[rows, cols]`` (the stored ones less the bias)."""
+        hbits, bias, _ = PLANE_FORMS[self.variant]
+        groups, nb = self.qs.shape[0], self.cols // 32
+        nibbles = self.qs.reshape(groups, nb, 4, GROUP_ROWS, 4).transpose(0, 3, 1, 2, 4).reshape(groups * 8, nb, 16)
+        codes = np.concatenate([nibbles & 15, nibbles >> 4], axis=2).astype(np.int16)  # [rows, nb, 32]
+        if hbits:
+            words = self.qh.reshape(groups, nb, hbits, GROUP_ROWS, 4).transpose(0, 3, 1, 2, 4).copy()
+            bits = words.view(np.uint32)[..., 0]  # [groups, 8, nb, hbits]: bit j is code j's bit 4 + p
+            bits = bits.reshape(groups * GROUP_ROWS, nb, hbits)
+            for p in range(hbits):
+                codes |= (((bits[:, :, p, None] >> np.arange(32, dtype=np.uint32)) & 1) << (4 + p)).astype(np.int16)
+        return (codes - bias).astype(np.int8).reshape(groups * GROUP_ROWS, self.cols)[: self.rows]
 
 
 def _rows_first(a: np.ndarray, rows: int) -> np.ndarray:
@@ -424,8 +561,37 @@ def int8_rows(w: PackedMatrix) -> Int8Rows | None:
     if w.kind == "q4":
         return Int8Rows("q4", w.rows, w.cols, _grouped_codes(w.qs, w.rows), _grouped_scales(w.d, w.rows),
                         _grouped_scales(w.m, w.rows), scheme, BLOCK)
+    types_ = set(w.source.split("+"))  # a fused matrix's parts: "Q5_0+Q5_0+Q8_0"
+    variant = types_.pop() if len(types_) == 1 else None
+    if variant in PLANE_FORMS:  # fewer bytes than 8-bit codes: see PLANE_FORMS
+        codes = _rows_first(w.qs, w.rows)[: w.rows].reshape(w.rows, w.cols)
+        return int8_rows_planes(codes, _rows_first(w.d[:, :, None, :], w.rows)[: w.rows, :, 0], variant, scheme)
+    if w.qs.shape[2] != BLOCK:
+        return None  # 16-weight blocks of mixed types (fuse keeps them apart): no 8-bit kernel of that form
     return Int8Rows("q8", w.rows, w.cols, _grouped_codes(w.qs, w.rows), _grouped_scales(w.d, w.rows),
                     np.zeros((0, 0), np.float32), scheme, w.qs.shape[2])
+
+
+def int8_rows_planes(codes: np.ndarray, d: np.ndarray, variant: str, scheme: str) -> Int8Rows:
+    """The ``"q4h"`` copy of signed codes int8 ``[rows, cols]`` with scales ``d`` float32
+    ``[rows, cols / block]``, for the GGML type ``variant`` (:data:`PLANE_FORMS`): each code plus the
+    bias as a nibble (laid out as the Q4 form's) and ``hbits`` bit planes (per 32-code block and
+    plane, one 32-byte word: row ``r``'s 32 bits in lane ``r``, bit ``j`` being bit ``4 + p`` of code ``j``)."""
+    hbits, bias, block = PLANE_FORMS[variant]
+    rows, cols = codes.shape
+    nb = cols // 32
+    u = _pad_rows((codes.astype(np.int16) + bias).astype(np.uint8).reshape(rows, nb, 32))
+    nibbles = (u[:, :, :16] & 15) | ((u[:, :, 16:] & 15) << 4)  # GGUF's order: code j low, j + 16 high
+    qh = None
+    if hbits:
+        weights = np.uint32(1) << np.arange(32, dtype=np.uint32)
+        planes = np.stack([(((u >> (4 + p)) & 1).astype(np.uint32) * weights).sum(-1, dtype=np.uint32)
+                           for p in range(hbits)], axis=-1)  # [rows_pad, nb, hbits]
+        groups = planes.shape[0] // GROUP_ROWS
+        qh = np.ascontiguousarray(planes.reshape(groups, GROUP_ROWS, nb, hbits).transpose(0, 2, 3, 1)
+                                  ).view(np.uint8).reshape(groups, -1)
+    return Int8Rows("q4h", rows, cols, _words(nibbles), _scale_words(_pad_rows(d.astype(np.float32))),
+                    np.zeros((0, 0), np.float32), scheme, block, qh, variant)
 
 
 def int8_rows_unsigned(codes: np.ndarray, d: np.ndarray, m: np.ndarray, source: str) -> Int8Rows | None:
@@ -476,26 +642,18 @@ def q4_int8_matmul(qs, d, m, xq, xd, xs):
 
 @njit(parallel=True, cache=True)
 def q8_int8_matmul(qs, d, xq, xd):
-    """Q8-code counterpart of :func:`q4_int8_matmul` (no offset term), for blocks of 32 or 16
-    weights per scale (``xd.shape[1] * 16 == xq.shape[1]``: Q6_K's and Q3_K's sub-blocks)."""
+    """Q8-code counterpart of :func:`q4_int8_matmul` (no offset term)."""
     groups, t_count = qs.shape[0], xq.shape[0]
     out = np.empty((t_count, groups * GROUP_ROWS), np.float32)
     chunks = (t_count + CHUNK_ROWS - 1) // CHUNK_ROWS
-    halves = xd.shape[1] * 16 == xq.shape[1]
     for piece in prange(chunks * groups):
         chunk, g = piece // groups, piece % groups
         t, stop = chunk * CHUNK_ROWS, min(t_count, (chunk + 1) * CHUNK_ROWS)
         while t + X_ROWS <= stop:
-            if halves:
-                q8_16_rows_dot_x4(qs, d, xq, xd, out, g, t)
-            else:
-                q8_rows_dot_x4(qs, d, xq, xd, out, g, t)
+            q8_rows_dot_x4(qs, d, xq, xd, out, g, t)
             t += X_ROWS
         while t < stop:
-            if halves:
-                q8_16_rows_dot(qs, d, xq, xd, out, g, t)
-            else:
-                q8_rows_dot(qs, d, xq, xd, out, g, t)
+            q8_rows_dot(qs, d, xq, xd, out, g, t)
             t += 1
     return out
 
@@ -526,6 +684,38 @@ def q8a_int8_matmul(qs, d, m, xq, xd, xs):
     return out
 
 
+@njit(parallel=True, cache=True)
+def q4h_int8_matmul(qs, qh, d, xq, xd, xsum, variant):
+    """:func:`q4_int8_matmul` for the ``"q4h"`` form; ``variant`` 0, 1, 2: Q5_0, Q6_K, Q3_K
+    (:data:`PLANE_FORMS`' order)."""
+    groups, t_count = qs.shape[0], xq.shape[0]
+    out = np.empty((t_count, groups * GROUP_ROWS), np.float32)
+    chunks = (t_count + CHUNK_ROWS - 1) // CHUNK_ROWS
+    for piece in prange(chunks * groups):
+        chunk, g = piece // groups, piece % groups
+        t, stop = chunk * CHUNK_ROWS, min(t_count, (chunk + 1) * CHUNK_ROWS)
+        while t + X_ROWS <= stop:
+            if variant == 0:
+                q5_0_rows_dot_x4(qs, qh, d, xq, xd, xsum, out, g, t)
+            elif variant == 1:
+                q6_k_rows_dot_x4(qs, qh, d, xq, xd, xsum, out, g, t)
+            else:
+                q3_k_rows_dot_x4(qs, qh, d, xq, xd, xsum, out, g, t)
+            t += X_ROWS
+        while t < stop:
+            if variant == 0:
+                q5_0_rows_dot(qs, qh, d, xq, xd, xsum, out, g, t)
+            elif variant == 1:
+                q6_k_rows_dot(qs, qh, d, xq, xd, xsum, out, g, t)
+            else:
+                q3_k_rows_dot(qs, qh, d, xq, xd, xsum, out, g, t)
+            t += 1
+    return out
+
+
+_NO_PLANES = np.zeros((1, 32), np.uint8)  # Q3_K's codes fit their nibbles: a placeholder for qh
+
+
 def matmul_int8(x: np.ndarray, w: Int8Rows) -> np.ndarray:
     """``x [T, cols] @ W.T -> [T, rows]`` float32 through 8-bit activations (the weight type's
     scheme, rounded as llama.cpp rounds them: :mod:`.activations`) and integer dot products.
@@ -535,16 +725,25 @@ def matmul_int8(x: np.ndarray, w: Int8Rows) -> np.ndarray:
     x = np.ascontiguousarray(x, dtype=np.float32)
     if x.ndim != 2 or x.shape[1] != w.cols:
         raise ValueError(f"matmul_int8: x has shape {x.shape}, the weight expects [T, {w.cols}]")
-    xq, xd, xs = quantize_activations(x, w.scheme, w.block)
+    return products(w, *quantize_activations(x, w.scheme, w.block))
+
+
+def products(w: Int8Rows, xq: np.ndarray, xd: np.ndarray, xs: np.ndarray) -> np.ndarray:
+    """``[T, rows]``: the kernel of ``w``'s form on activations quantised already (``xq`` int8 ``[T, cols]``,
+    ``xd``, ``xs`` float32 ``[T, cols / w.block]``, as :func:`.activations.quantize_activations` gives them)."""
     if w.kind == "q4":
         out = q4_int8_matmul(w.qs, w.d, w.m, xq, xd, xs)
     elif w.kind == "q8a":
         out = q8a_int8_matmul(w.qs, w.d, w.m, xq, xd, xs)
+    elif w.kind == "q4h":
+        xsum = xq.reshape(xq.shape[0], -1, w.block).sum(axis=2, dtype=np.int32)  # [T, cols / block]
+        out = q4h_int8_matmul(w.qs, w.qh if w.qh is not None else _NO_PLANES, w.d, xq, xd, xsum,
+                              list(PLANE_FORMS).index(w.variant))
     else:
         out = q8_int8_matmul(w.qs, w.d, xq, xd)
     return out if out.shape[1] == w.rows else out[:, : w.rows]
 
 
-__all__ = ["GROUP_ROWS", "X_ROWS", "Int8Rows", "int8_instructions", "int8_rows", "int8_rows_unsigned", "int8_unavailable", "matmul_int8",
-           "q4_int8_matmul", "q8_int8_matmul", "q8a_int8_matmul",
+__all__ = ["GROUP_ROWS", "X_ROWS", "Int8Rows", "int8_instructions", "int8_rows", "int8_rows_planes", "int8_rows_unsigned",
+           "int8_unavailable", "matmul_int8", "products", "q4_int8_matmul", "q4h_int8_matmul", "q8_int8_matmul", "q8a_int8_matmul",
            "quantize_q8_1"]

@@ -214,6 +214,8 @@ def fuse(parts: list[PackedMatrix]) -> list[PackedMatrix] | None:
         return None
     if len({activation_scheme(p.source) for p in parts}) != 1:
         return None  # one int8 product quantises its input one way: Q4_K's and Q4_0's differ
+    if parts[0].qs.shape[2] != BLOCK and len({p.source for p in parts}) != 1:
+        return None  # Q6_K's and Q3_K's int8 copies differ in form (int8.PLANE_FORMS): one type per whole
     if any(p.rows % LANES for p in parts):
         return None
     whole = PackedMatrix(
