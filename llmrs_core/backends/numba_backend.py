@@ -59,6 +59,7 @@ from ..kernels.cpu.int8 import (
     Int8Rows,
     int8_instructions,
     int8_rows,
+    int8_rows_q4_k,
     int8_rows_unsigned,
     int8_unavailable,
     matmul_int8,
@@ -133,11 +134,14 @@ class NumbaBackend(Backend):
         return pack_float(source.float32(name), source.tensors[name].type_name)
 
     def _int8_copy(self, source: WeightSource, name: str, packed: PackedMatrix) -> Int8Rows | None:
-        """The int8 kernels' copy of a matrix: from its packed form, or for the types no packed form
-        holds (Q5_1, Q5_K, Q2_K, kept as float32) from its stored blocks."""
+        """The int8 kernels' copy of a matrix: Q4_K's from its stored blocks (its scales as stored, 19
+        bytes per 32 weights), the types no packed form holds (Q5_1, Q5_K, Q2_K, kept as float32)
+        likewise, the rest from its packed form."""
+        stored = source.blocks(name)
+        if stored is not None and GGMLType(stored[1]) == GGMLType.Q4_K:
+            return int8_rows_q4_k(stored[0], packed.shape)
         copy = int8_rows(packed)
-        stored = source.blocks(name) if copy is None and packed.kind == "f32" else None
-        parts = unsigned_parts(stored[0], stored[1], packed.shape) if stored is not None else None
+        parts = unsigned_parts(stored[0], stored[1], packed.shape) if stored is not None and copy is None else None
         return copy if parts is None else int8_rows_unsigned(*parts, GGMLType(stored[1]).name)
 
     def load_matrix(self, source: WeightSource, name: str) -> PackedMatrix:
@@ -156,7 +160,8 @@ class NumbaBackend(Backend):
             return parts
         whole = fused[0].fused
         if self.int8_reason is None and whole is not None:
-            whole.int8 = int8_rows(whole)
+            copies = [self._int8_copy(source, name, p) for name, p in zip(names, fused)]
+            whole.int8 = Int8Rows.stack(copies) if all(c is not None for c in copies) else None
             if whole.int8 is not None:  # the parts' copies are views of the whole's rows
                 for p in fused:
                     start = p.first_group * whole.qs.shape[3]

@@ -358,17 +358,22 @@ def dequantize_q4_k(raw: np.ndarray) -> np.ndarray:
 def q4_k_affine(raw: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Q4_K bytes as 32-weight sub-blocks ``w = d * q + m``: codes uint8 ``[n_sub, 32]``, ``d``, ``m`` ``[n_sub]``.
 
-    ``d = d_super * sc`` and ``m = -dmin * min``, float32. The Numba kernels
-    (chapter 8) read Q4_K through this form, the same one as Q4_1's.
+    ``d = d_super * sc`` and ``m = -dmin * min``, float32 (exact: 11 by 6 significant bits). The
+    Numba kernels (chapter 8) read Q4_K through this form, the same one as Q4_1's.
     """
+    q, d, dmin, sc, mn = q4_k_parts(raw)
+    return q, (d[:, None] * sc.astype(_F32)).reshape(-1), (-dmin[:, None] * mn.astype(_F32)).reshape(-1)
+
+
+def q4_k_parts(raw: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Q4_K bytes as stored: codes uint8 ``[n_sub, 32]``, ``d`` and ``dmin`` float32 ``[n_super]``, the
+    sub-blocks' 6-bit ``sc`` and ``mn`` uint8 ``[n_super, 8]`` (``w = d sc q - dmin mn``)."""
     b = _raw_blocks(raw, Q4_K_BYTES, "Q4_K")
     nb = b.shape[0]
     sc, mn = _q4_k_scales(b[:, 4:16])
-    d_sub = _fp16_value(b[:, 0:2])[:, None] * sc.astype(_F32)  # [nb, 8]
-    m_sub = _fp16_value(b[:, 2:4])[:, None] * mn.astype(_F32)
     qs = b[:, 16:].reshape(nb, 4, 1, 32)
     q = np.concatenate([qs & 0x0F, qs >> 4], axis=2).reshape(nb * 8, 32)
-    return q, d_sub.reshape(-1), -m_sub.reshape(-1)
+    return q, _fp16_value(b[:, 0:2]), _fp16_value(b[:, 2:4]), sc, mn
 
 
 def dequantize_q5_k(raw: np.ndarray) -> np.ndarray:

@@ -362,3 +362,26 @@ def test_fused_parts_keep_their_types_form():
     alone = np.concatenate([int8.matmul_int8(x, int8.int8_rows(p)) for p in parts], axis=1)
     np.testing.assert_array_equal(int8.matmul_int8(x, copy), alone)
     assert fuse([part("Q6_K", -32, 32), part("Q3_K", -4, 4)]) is None
+
+
+@needs_int8
+def test_q4_k_scales_as_stored_give_the_same_numbers_in_fewer_bytes():
+    """``"q4k"`` forms ``d sc`` and ``-dmin mn`` in the kernel (exact float32 products) instead of
+    reading them: the products must be the ``"q4"`` copy's bit for bit, from 19 bytes per 32 weights."""
+    from llmrs_core.formats.ggml_types import GGMLType
+    from llmrs_core.kernels.cpu.packing import pack_raw
+    from llmrs_core.quant import registry
+
+    rng = np.random.default_rng(11)
+    rows, cols = 72, 512
+    raw = registry.quantizer(GGMLType.Q4_K)(rng.standard_normal((rows, cols)).astype(np.float32)).reshape(-1)
+    q4 = int8.int8_rows(pack_raw(raw, GGMLType.Q4_K, (rows, cols)))
+    q4k = int8.int8_rows_q4_k(raw, (rows, cols))
+    assert q4k.kind == "q4k" and q4k.nbytes * 24 == q4.nbytes * 19
+    for t_count in (1, 5, 17):
+        x = rng.standard_normal((t_count, cols)).astype(np.float32)
+        np.testing.assert_array_equal(int8.matmul_int8(x, q4k), int8.matmul_int8(x, q4), f"{t_count} rows")
+    for a, b in zip(q4k.row_major(), q4.row_major()):
+        np.testing.assert_array_equal(a, b)
+    halves = int8.Int8Rows.stack([q4k.row_slice(0, 32), q4k.row_slice(32, rows)])
+    np.testing.assert_array_equal(int8.matmul_int8(x, halves), int8.matmul_int8(x, q4k))

@@ -53,6 +53,7 @@ from numba.core import cgutils
 from numba.core.errors import TypingError
 from numba.extending import intrinsic
 
+from ...quant.kquants import q4_k_parts
 from .activations import activation_scheme, quantize_activations
 from .inspect import target_declares, target_lacks
 from .packing import BLOCK, LANES, PackedMatrix
@@ -155,7 +156,10 @@ def _rows_dot(context, builder, signature, args, form: str, vnni: bool, n_t: int
     """The IR of one group of :data:`GROUP_ROWS` weight rows against ``n_t`` activation rows
     (``t`` onwards), stored into ``out``.
 
-    ``form``: ``"q4"`` (4-bit codes with an offset), ``"q8"`` (signed 8-bit codes) or ``"q8a"``
+    ``form``: ``"q4"`` (4-bit codes with an offset), ``"q4k"`` (the same with Q4_K's scales as
+    stored: per 32 weights 6-bit integers ``sc`` and ``mn``, per 256 float32 ``d`` and ``-dmin``, the
+    kernel forming ``d * sc`` and ``-dmin * mn``: exact products, so the same numbers as ``"q4"``
+    from 19 bytes per 32 weights instead of 24), ``"q8"`` (signed 8-bit codes) or ``"q8a"``
     (unsigned codes below 128 with an offset: Q5_1, Q5_K, Q2_K). ``block``: weights per scale (32,
     or 16 for 8-bit codes: the sub-blocks of Q6_K, Q3_K and Q2_K). ``vnni``: ``vpdpbusd``
     instead of ``vpmaddubsw`` + ``vpmaddwd`` (the same integers, see above). Each weight
@@ -163,15 +167,17 @@ def _rows_dot(context, builder, signature, args, form: str, vnni: bool, n_t: int
     activation rows; each activation row has its own int32 and float32 accumulators, so
     their chains do not wait on each other.
     """
-    nibbles, affine, signed = form == "q4", form != "q8", form == "q8"
-    n_arrays = 7 if affine else 5
+    nibbles, affine, signed, k_scales = form in ("q4", "q4k"), form != "q8", form == "q8", form == "q4k"
+    n_arrays = 9 if k_scales else 7 if affine else 5
     arrays = [context.make_array(ty)(context, builder, value)
               for ty, value in zip(signature.args[:n_arrays], args[:n_arrays])]
-    if affine:
+    if k_scales:
+        qs, d_super, m_super, sc, mn, xq, xd, xs, out = (a.data for a in arrays)
+    elif affine:
         qs, d, m, xq, xd, xs, out = (a.data for a in arrays)
     else:
         qs, d, xq, xd, out = (a.data for a in arrays)
-    per_group = builder.extract_value(arrays[1].shape, 1)  # d is [groups, nb * GROUP_ROWS]
+    per_group = builder.extract_value(arrays[3 if k_scales else 1].shape, 1)  # d (sc) is [groups, nb * GROUP_ROWS]
     nb = builder.udiv(per_group, ir.Constant(per_group.type, GROUP_ROWS))
     out_cols = builder.extract_value(arrays[-1].shape, 1)  # out is [T, groups * GROUP_ROWS]
     group = context.cast(builder, args[n_arrays], signature.args[n_arrays], types.intp)
@@ -226,8 +232,19 @@ def _rows_dot(context, builder, signature, args, form: str, vnni: bool, n_t: int
                     else:
                         pairs = builder.call(maddubs, [w_part, xv])
                         ints[j] = builder.add(ints[j], builder.call(maddwd, [pairs, ones]))
-        w_scale = _load(builder, d, builder.mul(group_block, const(GROUP_ROWS)), _V8F)
-        w_offset = _load(builder, m, builder.mul(group_block, const(GROUP_ROWS)), _V8F) if affine else None
+        if k_scales:  # d * sc and -dmin * mn, as the packing computes them: exact float32 products
+            at_super = builder.mul(builder.add(builder.mul(group, builder.udiv(nb, const(8))), builder.udiv(b, const(8))),
+                                   const(GROUP_ROWS))
+
+            def integers(a):
+                return builder.uitofp(builder.zext(_load(builder, a, builder.mul(group_block, const(GROUP_ROWS)),
+                                                         ir.VectorType(_I8, 8)), _V8I32), _V8F)
+
+            w_scale = builder.fmul(_load(builder, d_super, at_super, _V8F), integers(sc))
+            w_offset = builder.fmul(_load(builder, m_super, at_super, _V8F), integers(mn))
+        else:
+            w_scale = _load(builder, d, builder.mul(group_block, const(GROUP_ROWS)), _V8F)
+            w_offset = _load(builder, m, builder.mul(group_block, const(GROUP_ROWS)), _V8F) if affine else None
         for j in range(n_t):
             sums = ints[j] if vnni or not nibbles else builder.call(maddwd, [shorts[j], ones])
             x_scale = _splat(builder, builder.load(builder.gep(xd, [x_block[j]])), _V8F)
@@ -363,7 +380,11 @@ def _rows_intrinsic(form: str, n_t: int, block: int = 32):
     of the weight's rows against rows ``t`` to ``t + n_t - 1`` of the activations. Which
     instructions it emits is decided when a kernel calling it is compiled, for the target Numba
     compiles for (:func:`int8_instructions`)."""
-    if form != "q8":
+    if form == "q4k":
+        def typer(typingctx, qs, d_super, m_super, sc, mn, xq, xd, xs, out, group, t):
+            _check_arrays(qs, d_super, m_super, sc, mn, xq, xd, xs, out)
+            return types.void(qs, d_super, m_super, sc, mn, xq, xd, xs, out, group, t), codegen
+    elif form != "q8":
         def typer(typingctx, qs, d, m, xq, xd, xs, out, group, t):
             _check_arrays(qs, d, m, xq, xd, xs, out)
             return types.void(qs, d, m, xq, xd, xs, out, group, t), codegen
@@ -382,6 +403,8 @@ def _rows_intrinsic(form: str, n_t: int, block: int = 32):
 
 q4_rows_dot = _rows_intrinsic("q4", n_t=1)
 q4_rows_dot_x4 = _rows_intrinsic("q4", n_t=X_ROWS)
+q4k_rows_dot = _rows_intrinsic("q4k", n_t=1)
+q4k_rows_dot_x4 = _rows_intrinsic("q4k", n_t=X_ROWS)
 q8_rows_dot = _rows_intrinsic("q8", n_t=1)
 q8_rows_dot_x4 = _rows_intrinsic("q8", n_t=X_ROWS)
 q8a_rows_dot = _rows_intrinsic("q8a", n_t=1)
@@ -459,10 +482,33 @@ class Int8Rows:
     #: :data:`PLANE_FORMS` variant
     qh: np.ndarray | None = None
     variant: str = ""
+    #: ``"q4k"``: the sub-blocks' integer scales and mins, uint8 ``[groups, nb * GROUP_ROWS]`` each (then
+    #: ``d`` and ``m`` are per 256 weights: ``d`` and ``-dmin``, ``[groups, nb / 8 * GROUP_ROWS]``)
+    sc: np.ndarray | None = None
+    mn: np.ndarray | None = None
 
     @property
     def nbytes(self) -> int:
-        return self.qs.nbytes + self.d.nbytes + self.m.nbytes + (self.qh.nbytes if self.qh is not None else 0)
+        extra = (self.qh, self.sc, self.mn)
+        return self.qs.nbytes + self.d.nbytes + self.m.nbytes + sum(a.nbytes for a in extra if a is not None)
+
+    @staticmethod
+    def stack(parts: list[Int8Rows]) -> Int8Rows | None:
+        """The copies of matrices fused into one (the rows of each after the last), or None where their
+        forms differ or a part's rows are not whole groups."""
+        first = parts[0]
+        same = {(p.kind, p.scheme, p.block, p.variant, p.cols) for p in parts}
+        if len(same) != 1 or any(p.rows % GROUP_ROWS for p in parts[:-1]):
+            return None
+
+        def cat(name: str) -> np.ndarray | None:
+            arrays = [getattr(p, name) for p in parts]
+            if arrays[0] is None or (name == "m" and first.kind == "q8"):
+                return arrays[0]
+            return np.concatenate(arrays)
+
+        return Int8Rows(first.kind, sum(p.rows for p in parts), first.cols, cat("qs"), cat("d"), cat("m"), first.scheme,
+                        first.block, cat("qh"), first.variant, cat("sc"), cat("mn"))
 
     def row_slice(self, start: int, stop: int) -> Int8Rows:
         """Rows ``start:stop`` as views (a part of a fused matrix); ``start`` a multiple of GROUP_ROWS.
@@ -471,14 +517,20 @@ class Int8Rows:
             raise ValueError(f"row_slice: start {start} is not a multiple of GROUP_ROWS ({GROUP_ROWS})")
         groups = slice(start // GROUP_ROWS, -(-stop // GROUP_ROWS))
         m = self.m if self.kind == "q8" else self.m[groups]
-        qh = self.qh[groups] if self.qh is not None else None
+        def part(a: np.ndarray | None) -> np.ndarray | None:
+            return None if a is None else a[groups]
+
         return Int8Rows(self.kind, stop - start, self.cols, self.qs[groups], self.d[groups], m, self.scheme,
-                        self.block, qh, self.variant)
+                        self.block, part(self.qh), self.variant, part(self.sc), part(self.mn))
 
     def row_major(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``(qs [rows, nb * bytes per block], d [rows, nb], m [rows, nb] or empty)``: the rows one by one."""
         if self.kind == "q4h":
             return self._plane_codes(), self._row_scales(self.d), self.m
+        if self.kind == "q4k":  # the scales as the kernel forms them
+            per = np.repeat(self._row_scales(self.d), 8, axis=1), np.repeat(self._row_scales(self.m), 8, axis=1)
+            d, m = per[0] * self._row_scales(self.sc).astype(np.float32), per[1] * self._row_scales(self.mn).astype(np.float32)
+            return Int8Rows("q4", self.rows, self.cols, self.qs, self.d, self.m).row_major()[0], d, m
         nb = self.cols // self.block
         groups = self.qs.shape[0]
         codes = self.qs.reshape(groups, nb, -1, GROUP_ROWS, 4).transpose(0, 3, 1, 2, 4)
@@ -594,6 +646,20 @@ def int8_rows_planes(codes: np.ndarray, d: np.ndarray, variant: str, scheme: str
                     np.zeros((0, 0), np.float32), scheme, block, qh, variant)
 
 
+def int8_rows_q4_k(raw: np.ndarray, shape: tuple[int, int]) -> Int8Rows:
+    """The ``"q4k"`` copy of a Q4_K matrix ``[rows, cols]`` from its stored bytes: the Q4 form's code
+    words, and the scales as stored (:class:`Int8Rows`)."""
+    rows, cols = shape
+    q, d, dmin, sc, mn = q4_k_parts(raw)
+    nb = cols // 32
+    codes = q.reshape(rows, nb, 32)
+    nibbles = _pad_rows(codes[:, :, :16] | (codes[:, :, 16:] << 4))
+    per_super = (-1, cols // 256)
+    return Int8Rows("q4k", rows, cols, _words(nibbles), _scale_words(_pad_rows(d.reshape(per_super))),
+                    _scale_words(_pad_rows(-dmin.reshape(per_super))), "q8_k", BLOCK,
+                    sc=_scale_words(_pad_rows(sc.reshape(rows, nb))), mn=_scale_words(_pad_rows(mn.reshape(rows, nb))))
+
+
 def int8_rows_unsigned(codes: np.ndarray, d: np.ndarray, m: np.ndarray, source: str) -> Int8Rows | None:
     """The ``"q8a"`` copy of a matrix ``w = d q + m`` with unsigned codes below 128 that no packed form
     holds (Q5_1, Q5_K, Q2_K, kept as float32 for the float kernels): codes uint8 ``[rows, cols]``,
@@ -685,6 +751,24 @@ def q8a_int8_matmul(qs, d, m, xq, xd, xs):
 
 
 @njit(parallel=True, cache=True)
+def q4k_int8_matmul(qs, d_super, m_super, sc, mn, xq, xd, xs):
+    """:func:`q4_int8_matmul` for the ``"q4k"`` form (Q4_K's scales as stored)."""
+    groups, t_count = qs.shape[0], xq.shape[0]
+    out = np.empty((t_count, groups * GROUP_ROWS), np.float32)
+    chunks = (t_count + CHUNK_ROWS - 1) // CHUNK_ROWS
+    for piece in prange(chunks * groups):
+        chunk, g = piece // groups, piece % groups
+        t, stop = chunk * CHUNK_ROWS, min(t_count, (chunk + 1) * CHUNK_ROWS)
+        while t + X_ROWS <= stop:
+            q4k_rows_dot_x4(qs, d_super, m_super, sc, mn, xq, xd, xs, out, g, t)
+            t += X_ROWS
+        while t < stop:
+            q4k_rows_dot(qs, d_super, m_super, sc, mn, xq, xd, xs, out, g, t)
+            t += 1
+    return out
+
+
+@njit(parallel=True, cache=True)
 def q4h_int8_matmul(qs, qh, d, xq, xd, xsum, variant):
     """:func:`q4_int8_matmul` for the ``"q4h"`` form; ``variant`` 0, 1, 2: Q5_0, Q6_K, Q3_K
     (:data:`PLANE_FORMS`' order)."""
@@ -735,6 +819,8 @@ def products(w: Int8Rows, xq: np.ndarray, xd: np.ndarray, xs: np.ndarray) -> np.
         out = q4_int8_matmul(w.qs, w.d, w.m, xq, xd, xs)
     elif w.kind == "q8a":
         out = q8a_int8_matmul(w.qs, w.d, w.m, xq, xd, xs)
+    elif w.kind == "q4k":
+        out = q4k_int8_matmul(w.qs, w.d, w.m, w.sc, w.mn, xq, xd, xs)
     elif w.kind == "q4h":
         xsum = xq.reshape(xq.shape[0], -1, w.block).sum(axis=2, dtype=np.int32)  # [T, cols / block]
         out = q4h_int8_matmul(w.qs, w.qh if w.qh is not None else _NO_PLANES, w.d, xq, xd, xsum,
@@ -744,6 +830,6 @@ def products(w: Int8Rows, xq: np.ndarray, xd: np.ndarray, xs: np.ndarray) -> np.
     return out if out.shape[1] == w.rows else out[:, : w.rows]
 
 
-__all__ = ["GROUP_ROWS", "X_ROWS", "Int8Rows", "int8_instructions", "int8_rows", "int8_rows_planes", "int8_rows_unsigned",
-           "int8_unavailable", "matmul_int8", "products", "q4_int8_matmul", "q4h_int8_matmul", "q8_int8_matmul", "q8a_int8_matmul",
+__all__ = ["GROUP_ROWS", "X_ROWS", "Int8Rows", "int8_instructions", "int8_rows", "int8_rows_planes", "int8_rows_q4_k", "int8_rows_unsigned",
+           "int8_unavailable", "matmul_int8", "products", "q4_int8_matmul", "q4h_int8_matmul", "q4k_int8_matmul", "q8_int8_matmul", "q8a_int8_matmul",
            "quantize_q8_1"]
