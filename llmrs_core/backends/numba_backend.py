@@ -59,7 +59,7 @@ from ..kernels.cpu.int8 import (
     Int8Rows,
     int8_instructions,
     int8_rows,
-    int8_rows_q4_k,
+    int8_rows_from_blocks,
     int8_rows_unsigned,
     int8_unavailable,
     matmul_int8,
@@ -134,12 +134,13 @@ class NumbaBackend(Backend):
         return pack_float(source.float32(name), source.tensors[name].type_name)
 
     def _int8_copy(self, source: WeightSource, name: str, packed: PackedMatrix) -> Int8Rows | None:
-        """The int8 kernels' copy of a matrix: Q4_K's from its stored blocks (its scales as stored, 19
-        bytes per 32 weights), the types no packed form holds (Q5_1, Q5_K, Q2_K, kept as float32)
-        likewise, the rest from its packed form."""
+        """The int8 kernels' copy of a matrix: the K-quants' whose form keeps their scales as stored
+        (Q4_K, Q6_K, Q3_K) and the types no packed form holds (Q5_1, Q5_K, Q2_K, kept as float32)
+        from its stored blocks, the rest from its packed form."""
         stored = source.blocks(name)
-        if stored is not None and GGMLType(stored[1]) == GGMLType.Q4_K:
-            return int8_rows_q4_k(stored[0], packed.shape)
+        copy = int8_rows_from_blocks(stored[0], GGMLType(stored[1]).name, packed.shape) if stored else None
+        if copy is not None:
+            return copy
         copy = int8_rows(packed)
         parts = unsigned_parts(stored[0], stored[1], packed.shape) if stored is not None and copy is None else None
         return copy if parts is None else int8_rows_unsigned(*parts, GGMLType(stored[1]).name)

@@ -493,9 +493,16 @@ def dequantize_q6_k(raw: np.ndarray) -> np.ndarray:
 
 def q6_k_symmetric(raw: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Q6_K bytes as 16-weight sub-blocks ``w = d * q``: codes int8 ``[n_sub, 16]`` (``q - 32``, in
-    -32..31) and ``d = d_super * sc`` float32 ``[n_sub]``. The Numba kernels (chapter 8) read Q6_K
-    through this form, Q8_0's with 16-weight blocks.
+    -32..31) and ``d = d_super * sc`` float32 ``[n_sub]`` (exact: 11 by 8 significant bits). The
+    Numba kernels (chapter 8) read Q6_K through this form, Q8_0's with 16-weight blocks.
     """
+    q, d, sc = q6_k_parts(raw)
+    return q, (d[:, None] * sc.astype(_F32)).reshape(-1)
+
+
+def q6_k_parts(raw: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Q6_K bytes as stored: codes int8 ``[n_sub, 16]`` (``q - 32``), ``d`` float32 ``[n_super]`` and
+    the sub-blocks' scales int8 ``[n_super, 16]`` (``w = d sc q``)."""
     b = _raw_blocks(raw, Q6_K_BYTES, "Q6_K")
     nb = b.shape[0]
     ql = b[:, 0:128].reshape(nb, 2, 2, 32)  # half h, byte group g, position l
@@ -503,5 +510,4 @@ def q6_k_symmetric(raw: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     lo = np.concatenate([ql & 0x0F, ql >> 4], axis=2)  # quarters 0,1 (low nibbles), 2,3 (high)
     hi = (qh >> np.array([0, 2, 4, 6], dtype=np.uint8)[:, None]) & 0x03
     q = ((lo | (hi << 4)).astype(np.int8) - np.int8(32)).reshape(nb * 16, 16)
-    d_sub = _fp16_value(b[:, 208:210])[:, None] * b[:, 192:208].view(np.int8).astype(_F32)
-    return q, d_sub.reshape(-1)
+    return q, _fp16_value(b[:, 208:210]), b[:, 192:208].view(np.int8)

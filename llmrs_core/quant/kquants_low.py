@@ -246,6 +246,13 @@ def quantize_q3_k(x: np.ndarray) -> np.ndarray:
 def q3_k_symmetric(raw: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Q3_K bytes as 16-weight sub-blocks ``w = d * q``: codes int8 ``[n_sub, 16]`` (``q - 4``, in
     -4..3) and ``d = d_super * (s - 32)`` float32 ``[n_sub]``: Q6_K's kernel form holds it exactly."""
+    q, d, sc = q3_k_parts(raw)
+    return q, (d[:, None] * sc.astype(_F32)).reshape(-1)
+
+
+def q3_k_parts(raw: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Q3_K bytes as stored: codes int8 ``[n_sub, 16]`` (``q - 4``), ``d`` float32 ``[n_super]`` and the
+    sub-blocks' scales ``s - 32`` int8 ``[n_super, 16]`` (``w = d (s - 32) q``)."""
     b = _raw_blocks(raw, Q3_K_BYTES, "Q3_K")
     nb = b.shape[0]
     low = _unpack_2bit(b[:, 32:96])
@@ -255,8 +262,7 @@ def q3_k_symmetric(raw: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     lo4 = np.concatenate([sb[:, :8] & 0x0F, sb[:, :8] >> 4], axis=1)  # [nb, 16]
     hi2 = (sb[:, None, 8:12] >> (2 * np.arange(4, dtype=np.uint8))[None, :, None]) & 3  # [nb, 4 (j//4), 4 (j%4)]
     s6 = lo4 | (hi2.reshape(nb, 16) << 4)
-    d_sub = _fp16_value(b[:, 108:110])[:, None] * (s6.astype(np.int32) - 32).astype(_F32)
-    return q.reshape(nb * 16, 16), d_sub.reshape(-1)
+    return q.reshape(nb * 16, 16), _fp16_value(b[:, 108:110]), (s6.astype(np.int16) - 32).astype(np.int8)
 
 
 def dequantize_q3_k(raw: np.ndarray) -> np.ndarray:

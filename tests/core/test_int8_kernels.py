@@ -57,6 +57,11 @@ def random_matrix(kind: str, rows: int, cols: int, rng: np.random.Generator):
         return int8.int8_rows(pack_affine_q4(codes, d, m, source)), codes, d, m
     if offsets:
         return int8.int8_rows_unsigned(codes, d, m, source), codes, d, m
+    if source in ("Q6_K", "Q3_K"):  # K-quant scales: d per 256 times an int8 sc per 16
+        d_super = rng.uniform(0.001, 0.01, (rows, cols // 256)).astype(np.float32)
+        sc = rng.integers(-128, 128, (rows, nb)).astype(np.int8)
+        d = np.repeat(d_super, 16, axis=1) * sc.astype(np.float32)
+        return int8.int8_rows_planes(codes, (d_super, sc), source, "q8_k"), codes, d, m
     return int8.int8_rows(pack_q8(codes, d, source, block=block)), codes, d, m
 
 
@@ -92,7 +97,8 @@ def test_row_major_copy_keeps_every_code():
     for kind in KINDS:
         copy, codes, d, m = random_matrix(kind, 70, 256, rng)  # 70 rows: the last group is padded
         groups, nb = -(-70 // int8.GROUP_ROWS), d.shape[1]
-        assert copy.qs.shape[0] == groups and copy.d.shape == (groups, nb * int8.GROUP_ROWS), kind
+        scales = copy.sc if copy.sc is not None else copy.d  # K-quant scales: an integer per block
+        assert copy.qs.shape[0] == groups and scales.shape == (groups, nb * int8.GROUP_ROWS), kind
         qs, d_rows, m_rows = copy.row_major()
         assert d_rows.shape == (70, nb)
         np.testing.assert_array_equal(d_rows, d)
@@ -119,18 +125,24 @@ def test_bit_planes_hold_the_high_bits_row_by_row():
     codes = np.full((8, 32), -32, np.int8)  # Q6_K's code -32 is stored as 0: no bit set
     codes[3, 5] = 31 - 32  # stored 31 = 0b011111: bit 4 set, bit 5 not
     codes[6, 31] = 31  # stored 63: bits 4 and 5
-    copy = int8.int8_rows_planes(codes, np.ones((8, 2), np.float32), "Q6_K", "q8_k")
-    lanes = copy.qh.view(np.uint32).reshape(2, 8)  # [plane, row]
+    codes = np.concatenate([codes, np.full((8, 224), -32, np.int8)], axis=1)  # a whole super-block
+    copy = int8.int8_rows_planes(codes, (np.ones((8, 1), np.float32), np.ones((8, 16), np.int8)), "Q6_K", "q8_k")
+    lanes = copy.qh.view(np.uint32).reshape(8, 2, 8)[0]  # block 0: [plane, row]
     want = np.zeros((2, 8), np.uint32)
     want[0, 3], want[0, 6], want[1, 6] = 1 << 5, 1 << 31, 1 << 31
     np.testing.assert_array_equal(lanes, want)
-    assert copy.nbytes == 16 * 8 + 2 * 32 + 2 * 8 * 4, "32 weights in 16 + 8 + 8 bytes, not 40"
+    assert copy.nbytes * 32 == 8 * 256 * (16 + 8 + 2 + 0.5), "32 weights in 26.5 bytes (Q6_K's 26.25), not 40"
 
 
 def test_each_copy_quantises_its_input_as_llamacpp_does_for_its_type():
+    from llmrs_core.formats.ggml_types import GGMLType
+    from llmrs_core.quant import registry
+
     ones = np.ones((32, 256), np.int8), np.ones((32, 16), np.float32)
-    q6 = int8.int8_rows(pack_q8(*ones, "Q6_K", block=16))
+    raw = registry.quantizer(GGMLType.Q6_K)(np.ones((32, 256), np.float32)).reshape(-1)
+    q6 = int8.int8_rows_from_blocks(raw, "Q6_K", (32, 256))
     assert (q6.kind, q6.scheme, q6.block) == ("q4h", "q8_k", 16), "Q6_K multiplies Q8_K activations per 16"
+    assert int8.int8_rows(pack_q8(*ones, "Q6_K", block=16)) is None, "Q6_K's copy is made from its bytes"
     assert int8.int8_rows(pack_q8(ones[0], ones[1][:, :8], "Q5_0")).scheme == "q8_0"
     assert int8.int8_rows(pack_q8(ones[0], ones[1][:, :8], "IQ4_NL")).kind == "q8"
     codes = np.zeros((32, 256), np.uint8)
@@ -155,9 +167,12 @@ def test_integer_part_is_exact(kind, seed, t_count, nb, extremes):
         ones = np.ones((rows, cols // block), np.float32)
         copy = (int8.int8_rows(pack_affine_q4(codes, ones, 0 * ones, source)) if kind == "q4" else
                 int8.int8_rows_unsigned(codes, ones, 0 * ones, source) if offsets else
-                int8.int8_rows(pack_q8(codes, ones, source, block=block)))
+                int8.int8_rows_planes(codes, (ones[:, :cols // 256], ones.astype(np.int8)), source, "q8_k")
+                if source in ("Q6_K", "Q3_K") else int8.int8_rows(pack_q8(codes, ones, source, block=block)))
     copy.d[:] = 1
     copy.m[:] = 0
+    if copy.sc is not None:
+        copy.sc[:] = 1
     xq = rng.integers(-127, 128, (t_count, cols)).astype(np.int8)
     if extremes:
         xq[:] = -127
@@ -238,7 +253,8 @@ d8, d16 = rng.random((37, 8), np.float32), rng.random((37, 16), np.float32)
 copies = [int8.int8_rows(pack_affine_q4(rng.integers(0, 16, (37, 256), dtype=np.uint8), d8, d8, "Q4_1")),
           int8.int8_rows(pack_q8(rng.integers(-128, 128, (37, 256)).astype(np.int8), d8, "Q8_0")),
           int8.int8_rows(pack_q8(rng.integers(-16, 16, (37, 256)).astype(np.int8), d8, "Q5_0")),
-          int8.int8_rows(pack_q8(rng.integers(-32, 32, (37, 256)).astype(np.int8), d16, "Q6_K", block=16)),
+          int8.int8_rows_planes(rng.integers(-32, 32, (37, 256)).astype(np.int8),
+                                (d8[:, :1], rng.integers(-128, 128, (37, 16)).astype(np.int8)), "Q6_K", "q8_k"),
           int8.int8_rows_unsigned(rng.integers(0, 32, (37, 256)).astype(np.uint8), d8, d8, "Q5_K")]
 np.save(sys.argv[1], np.stack([int8.matmul_int8(x, w) for w in copies]))
 print(int8.int8_instructions())
@@ -344,24 +360,26 @@ def test_a_request_computes_the_same_numbers_batched_as_alone(tmp_path):
 
 @needs_int8
 def test_fused_parts_keep_their_types_form():
-    """Q, K and V fused into one matrix: parts of one plane type share a plane copy; Q6_K and Q3_K parts
-    (the same packed shape, different codes) are not fused, each keeping its own form."""
-    from llmrs_core.kernels.cpu.packing import fuse
+    """Q, K and V fused into one matrix: the parts' copies are stacked (the products of the whole are
+    the parts' side by side); Q6_K and Q3_K parts (one packed shape, two copy forms) are not fused."""
+    from llmrs_core.formats.ggml_types import GGMLType
+    from llmrs_core.kernels.cpu.packing import fuse, pack_raw
+    from llmrs_core.quant import registry
 
     rng = np.random.default_rng(3)
     x = rng.standard_normal((2, 256)).astype(np.float32)
 
-    def part(source, low, high):
-        return pack_q8(rng.integers(low, high, (32, 256)).astype(np.int8), rng.random((32, 16), np.float32),
-                       source, block=16)
+    def raw(ggml_type):
+        return registry.quantizer(ggml_type)(rng.standard_normal((32, 256)).astype(np.float32)).reshape(-1)
 
-    parts = [part("Q6_K", -32, 32), part("Q6_K", -32, 32)]
-    whole = fuse(parts)[0].fused
-    copy = int8.int8_rows(whole)
-    assert (copy.kind, copy.variant) == ("q4h", "Q6_K")
-    alone = np.concatenate([int8.matmul_int8(x, int8.int8_rows(p)) for p in parts], axis=1)
-    np.testing.assert_array_equal(int8.matmul_int8(x, copy), alone)
-    assert fuse([part("Q6_K", -32, 32), part("Q3_K", -4, 4)]) is None
+    raws = [raw(GGMLType.Q6_K), raw(GGMLType.Q6_K)]
+    copies = [int8.int8_rows_from_blocks(r, "Q6_K", (32, 256)) for r in raws]
+    whole = int8.Int8Rows.stack(copies)
+    assert (whole.kind, whole.variant, whole.rows) == ("q4h", "Q6_K", 64)
+    alone = np.concatenate([int8.matmul_int8(x, c) for c in copies], axis=1)
+    np.testing.assert_array_equal(int8.matmul_int8(x, whole), alone)
+    mixed = [pack_raw(raws[0], GGMLType.Q6_K, (32, 256)), pack_raw(raw(GGMLType.Q3_K), GGMLType.Q3_K, (32, 256))]
+    assert fuse(mixed) is None
 
 
 @needs_int8

@@ -53,7 +53,8 @@ from numba.core import cgutils
 from numba.core.errors import TypingError
 from numba.extending import intrinsic
 
-from ...quant.kquants import q4_k_parts
+from ...quant.kquants import q4_k_parts, q6_k_parts
+from ...quant.kquants_low import q3_k_parts
 from .activations import activation_scheme, quantize_activations
 from .inspect import target_declares, target_lacks
 from .packing import BLOCK, LANES, PackedMatrix
@@ -272,24 +273,26 @@ def _high_bits(builder, plane, shift: int, value: int):
     return builder.select(builder.icmp_unsigned("!=", bits, zero), ir.Constant(_V32I8, [value] * 32), zero)
 
 
-def _rows_dot_planes(context, builder, signature, args, hbits: int, bias: int, block: int, vnni: bool,
-                     n_t: int) -> None:
+def _rows_dot_planes(context, builder, signature, args, hbits: int, bias: int, block: int, k_scales: bool,
+                     vnni: bool, n_t: int) -> None:
     """The ``"q4h"`` form's IR (:class:`Int8Rows`): a code is its nibble plus ``hbits`` high bits
     from bit planes, minus ``bias``. Per 32-code block, four nibble words and ``hbits`` plane words
     give unsigned codes (``_high_bits``); their integer products with the activation codes, less
     ``bias`` times the activations' code sum (``xsum``, an integer: the bias is applied exactly, as
     ggml subtracts it), are scaled per ``block`` (32, or 16: the low nibbles' half and the high
-    nibbles' half then have scales of their own). Arguments ``qs, qh, d, xq, xd, xsum, out, group, t``.
+    nibbles' half then have scales of their own). ``k_scales``: the scales as a K-quant stores them,
+    ``d`` per 256 weights times an integer ``sc`` per block (an exact float32 product, formed here).
+    Arguments ``qs, qh, d, sc, xq, xd, xsum, out, group, t`` (``sc`` unused without ``k_scales``).
     """
-    arrays = [context.make_array(ty)(context, builder, value) for ty, value in zip(signature.args[:7], args[:7])]
-    qs, qh, d, xq, xd, xsum, out = (a.data for a in arrays)
-    per_group = builder.extract_value(arrays[2].shape, 1)  # d is [groups, n_scales * GROUP_ROWS]
+    arrays = [context.make_array(ty)(context, builder, value) for ty, value in zip(signature.args[:8], args[:8])]
+    qs, qh, d, sc, xq, xd, xsum, out = (a.data for a in arrays)
+    per_group = builder.extract_value(arrays[3 if k_scales else 2].shape, 1)  # [groups, n_scales * GROUP_ROWS]
     n_scales = builder.udiv(per_group, ir.Constant(per_group.type, GROUP_ROWS))
     halves = 32 // block  # scales per 32-code block
     nb = builder.udiv(n_scales, ir.Constant(n_scales.type, halves))
     out_cols = builder.extract_value(arrays[-1].shape, 1)
-    group = context.cast(builder, args[7], signature.args[7], types.intp)
-    t = context.cast(builder, args[8], signature.args[8], types.intp)
+    group = context.cast(builder, args[8], signature.args[8], types.intp)
+    t = context.cast(builder, args[9], signature.args[9], types.intp)
     intp = nb.type
 
     def const(value):
@@ -336,7 +339,13 @@ def _rows_dot_planes(context, builder, signature, args, hbits: int, bias: int, b
                         ints[j][h] = builder.add(ints[j][h], builder.call(maddwd, [pairs, ones]))
         for h in range(halves):
             scale_block = builder.add(builder.mul(group_block, const(halves)), const(h))
-            w_scale = _load(builder, d, builder.mul(scale_block, const(GROUP_ROWS)), _V8F)
+            if k_scales:
+                at_super = builder.add(builder.mul(group, builder.udiv(nb, const(8))), builder.udiv(b, const(8)))
+                ints8 = _load(builder, sc, builder.mul(scale_block, const(GROUP_ROWS)), ir.VectorType(_I8, 8))
+                w_scale = builder.fmul(_load(builder, d, builder.mul(at_super, const(GROUP_ROWS)), _V8F),
+                                       builder.sitofp(builder.sext(ints8, _V8I32), _V8F))
+            else:
+                w_scale = _load(builder, d, builder.mul(scale_block, const(GROUP_ROWS)), _V8F)
             for j in range(n_t):
                 x_scale_at = builder.add(builder.mul(x_block[j], const(halves)), const(h))
                 sums = ints[j][h]
@@ -353,14 +362,14 @@ def _rows_dot_planes(context, builder, signature, args, hbits: int, bias: int, b
         builder.store(builder.load(accs[j]), builder.bitcast(builder.gep(out, [at]), _V8F.as_pointer()), align=1)
 
 
-def _planes_intrinsic(hbits: int, bias: int, block: int, n_t: int):
-    """The ``"q4h"`` counterpart of :func:`_rows_intrinsic`, for one (high bits, bias, block) variant."""
-    def typer(typingctx, qs, qh, d, xq, xd, xsum, out, group, t):
-        _check_arrays(qs, qh, d, xq, xd, xsum, out)
-        return types.void(qs, qh, d, xq, xd, xsum, out, group, t), codegen
+def _planes_intrinsic(hbits: int, bias: int, block: int, k_scales: bool, n_t: int):
+    """The ``"q4h"`` counterpart of :func:`_rows_intrinsic`, for one :data:`PLANE_FORMS` variant."""
+    def typer(typingctx, qs, qh, d, sc, xq, xd, xsum, out, group, t):
+        _check_arrays(qs, qh, d, sc, xq, xd, xsum, out)
+        return types.void(qs, qh, d, sc, xq, xd, xsum, out, group, t), codegen
 
     def codegen(context, builder, signature, args):
-        _rows_dot_planes(context, builder, signature, args, hbits, bias, block,
+        _rows_dot_planes(context, builder, signature, args, hbits, bias, block, k_scales,
                          int8_instructions() == "avx512-vnni", n_t)
         return context.get_dummy_value()
 
@@ -413,9 +422,10 @@ q8a_16_rows_dot = _rows_intrinsic("q8a", n_t=1, block=16)
 q8a_16_rows_dot_x4 = _rows_intrinsic("q8a", n_t=X_ROWS, block=16)
 
 
-#: the ``"q4h"`` variants: (high bits, bias, weights per scale) by the GGML type they hold. Q5_0:
-#: ``q - 16`` with five bits; Q6_K: ``q - 32`` with six, scale per 16; Q3_K: ``q - 4``, three bits
-PLANE_FORMS = {"Q5_0": (1, 16, 32), "Q6_K": (2, 32, 16), "Q3_K": (0, 4, 16)}
+#: the ``"q4h"`` variants: (high bits, bias, weights per scale, K-quant scales) by the GGML type they
+#: hold. Q5_0: ``q - 16`` with five bits, float32 ``d`` per 32; Q6_K: ``q - 32`` with six, ``d`` per
+#: 256 times an int8 ``sc`` per 16; Q3_K: ``q - 4``, three bits, likewise ``d (s - 32)`` per 16
+PLANE_FORMS = {"Q5_0": (1, 16, 32, False), "Q6_K": (2, 32, 16, True), "Q3_K": (0, 4, 16, True)}
 q5_0_rows_dot, q5_0_rows_dot_x4 = (_planes_intrinsic(*PLANE_FORMS["Q5_0"], n_t) for n_t in (1, X_ROWS))
 q6_k_rows_dot, q6_k_rows_dot_x4 = (_planes_intrinsic(*PLANE_FORMS["Q6_K"], n_t) for n_t in (1, X_ROWS))
 q3_k_rows_dot, q3_k_rows_dot_x4 = (_planes_intrinsic(*PLANE_FORMS["Q3_K"], n_t) for n_t in (1, X_ROWS))
@@ -526,7 +536,10 @@ class Int8Rows:
     def row_major(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``(qs [rows, nb * bytes per block], d [rows, nb], m [rows, nb] or empty)``: the rows one by one."""
         if self.kind == "q4h":
-            return self._plane_codes(), self._row_scales(self.d), self.m
+            d = self._row_scales(self.d)
+            if self.sc is not None:  # d per 256 times sc per 16
+                d = np.repeat(d, 256 // self.block, axis=1) * self._row_scales(self.sc).astype(np.float32)
+            return self._plane_codes(), d, self.m
         if self.kind == "q4k":  # the scales as the kernel forms them
             per = np.repeat(self._row_scales(self.d), 8, axis=1), np.repeat(self._row_scales(self.m), 8, axis=1)
             d, m = per[0] * self._row_scales(self.sc).astype(np.float32), per[1] * self._row_scales(self.mn).astype(np.float32)
@@ -545,7 +558,7 @@ class Int8Rows:
 
     def _plane_codes(self) -> np.ndarray:
         """A ``"q4h"`` copy's codes as int8 ``[rows, cols]`` (the stored ones less the bias)."""
-        hbits, bias, _ = PLANE_FORMS[self.variant]
+        hbits, bias, _, _ = PLANE_FORMS[self.variant]
         groups, nb = self.qs.shape[0], self.cols // 32
         nibbles = self.qs.reshape(groups, nb, 4, GROUP_ROWS, 4).transpose(0, 3, 1, 2, 4).reshape(groups * 8, nb, 16)
         codes = np.concatenate([nibbles & 15, nibbles >> 4], axis=2).astype(np.int16)  # [rows, nb, 32]
@@ -615,6 +628,8 @@ def int8_rows(w: PackedMatrix) -> Int8Rows | None:
                         _grouped_scales(w.m, w.rows), scheme, BLOCK)
     types_ = set(w.source.split("+"))  # a fused matrix's parts: "Q5_0+Q5_0+Q8_0"
     variant = types_.pop() if len(types_) == 1 else None
+    if variant in PLANE_FORMS and PLANE_FORMS[variant][3]:
+        return None  # Q6_K, Q3_K: their copy keeps the integer scales, which only the stored bytes hold
     if variant in PLANE_FORMS:  # fewer bytes than 8-bit codes: see PLANE_FORMS
         codes = _rows_first(w.qs, w.rows)[: w.rows].reshape(w.rows, w.cols)
         return int8_rows_planes(codes, _rows_first(w.d[:, :, None, :], w.rows)[: w.rows, :, 0], variant, scheme)
@@ -624,12 +639,14 @@ def int8_rows(w: PackedMatrix) -> Int8Rows | None:
                     np.zeros((0, 0), np.float32), scheme, w.qs.shape[2])
 
 
-def int8_rows_planes(codes: np.ndarray, d: np.ndarray, variant: str, scheme: str) -> Int8Rows:
-    """The ``"q4h"`` copy of signed codes int8 ``[rows, cols]`` with scales ``d`` float32
-    ``[rows, cols / block]``, for the GGML type ``variant`` (:data:`PLANE_FORMS`): each code plus the
-    bias as a nibble (laid out as the Q4 form's) and ``hbits`` bit planes (per 32-code block and
-    plane, one 32-byte word: row ``r``'s 32 bits in lane ``r``, bit ``j`` being bit ``4 + p`` of code ``j``)."""
-    hbits, bias, block = PLANE_FORMS[variant]
+def int8_rows_planes(codes: np.ndarray, scales: np.ndarray | tuple[np.ndarray, np.ndarray], variant: str,
+                     scheme: str) -> Int8Rows:
+    """The ``"q4h"`` copy of signed codes int8 ``[rows, cols]`` for the GGML type ``variant``
+    (:data:`PLANE_FORMS`): each code plus the bias as a nibble (laid out as the Q4 form's) and
+    ``hbits`` bit planes (per 32-code block and plane, one 32-byte word: row ``r``'s 32 bits in lane
+    ``r``, bit ``j`` being bit ``4 + p`` of code ``j``). ``scales``: float32 ``[rows, cols / block]``,
+    or for a K-quant variant ``(d float32 [rows, cols / 256], sc int8 [rows, cols / block])``."""
+    hbits, bias, block, k_scales = PLANE_FORMS[variant]
     rows, cols = codes.shape
     nb = cols // 32
     u = _pad_rows((codes.astype(np.int16) + bias).astype(np.uint8).reshape(rows, nb, 32))
@@ -642,8 +659,23 @@ def int8_rows_planes(codes: np.ndarray, d: np.ndarray, variant: str, scheme: str
         groups = planes.shape[0] // GROUP_ROWS
         qh = np.ascontiguousarray(planes.reshape(groups, GROUP_ROWS, nb, hbits).transpose(0, 2, 3, 1)
                                   ).view(np.uint8).reshape(groups, -1)
+    d, sc = scales if k_scales else (scales, None)
     return Int8Rows("q4h", rows, cols, _words(nibbles), _scale_words(_pad_rows(d.astype(np.float32))),
-                    np.zeros((0, 0), np.float32), scheme, block, qh, variant)
+                    np.zeros((0, 0), np.float32), scheme, block, qh, variant,
+                    sc=None if sc is None else _scale_words(_pad_rows(sc.astype(np.int8))))
+
+
+def int8_rows_from_blocks(raw: np.ndarray, ggml_type: str, shape: tuple[int, int]) -> Int8Rows | None:
+    """The copy of a K-quant matrix whose form keeps its scales as stored, from its bytes: Q4_K's
+    ``"q4k"``, Q6_K's and Q3_K's ``"q4h"``; None for another type (see :func:`int8_rows`)."""
+    rows, cols = shape
+    if ggml_type == "Q4_K":
+        return int8_rows_q4_k(raw, shape)
+    parts = {"Q6_K": q6_k_parts, "Q3_K": q3_k_parts}.get(ggml_type)
+    if parts is None:
+        return None
+    q, d, sc = parts(raw)
+    return int8_rows_planes(q.reshape(rows, cols), (d.reshape(rows, -1), sc.reshape(rows, -1)), ggml_type, "q8_k")
 
 
 def int8_rows_q4_k(raw: np.ndarray, shape: tuple[int, int]) -> Int8Rows:
@@ -769,7 +801,7 @@ def q4k_int8_matmul(qs, d_super, m_super, sc, mn, xq, xd, xs):
 
 
 @njit(parallel=True, cache=True)
-def q4h_int8_matmul(qs, qh, d, xq, xd, xsum, variant):
+def q4h_int8_matmul(qs, qh, d, sc, xq, xd, xsum, variant):
     """:func:`q4_int8_matmul` for the ``"q4h"`` form; ``variant`` 0, 1, 2: Q5_0, Q6_K, Q3_K
     (:data:`PLANE_FORMS`' order)."""
     groups, t_count = qs.shape[0], xq.shape[0]
@@ -780,24 +812,25 @@ def q4h_int8_matmul(qs, qh, d, xq, xd, xsum, variant):
         t, stop = chunk * CHUNK_ROWS, min(t_count, (chunk + 1) * CHUNK_ROWS)
         while t + X_ROWS <= stop:
             if variant == 0:
-                q5_0_rows_dot_x4(qs, qh, d, xq, xd, xsum, out, g, t)
+                q5_0_rows_dot_x4(qs, qh, d, sc, xq, xd, xsum, out, g, t)
             elif variant == 1:
-                q6_k_rows_dot_x4(qs, qh, d, xq, xd, xsum, out, g, t)
+                q6_k_rows_dot_x4(qs, qh, d, sc, xq, xd, xsum, out, g, t)
             else:
-                q3_k_rows_dot_x4(qs, qh, d, xq, xd, xsum, out, g, t)
+                q3_k_rows_dot_x4(qs, qh, d, sc, xq, xd, xsum, out, g, t)
             t += X_ROWS
         while t < stop:
             if variant == 0:
-                q5_0_rows_dot(qs, qh, d, xq, xd, xsum, out, g, t)
+                q5_0_rows_dot(qs, qh, d, sc, xq, xd, xsum, out, g, t)
             elif variant == 1:
-                q6_k_rows_dot(qs, qh, d, xq, xd, xsum, out, g, t)
+                q6_k_rows_dot(qs, qh, d, sc, xq, xd, xsum, out, g, t)
             else:
-                q3_k_rows_dot(qs, qh, d, xq, xd, xsum, out, g, t)
+                q3_k_rows_dot(qs, qh, d, sc, xq, xd, xsum, out, g, t)
             t += 1
     return out
 
 
 _NO_PLANES = np.zeros((1, 32), np.uint8)  # Q3_K's codes fit their nibbles: a placeholder for qh
+_NO_SCALES = np.zeros((1, 8), np.int8)  # Q5_0's scales are float32 per block: a placeholder for sc
 
 
 def matmul_int8(x: np.ndarray, w: Int8Rows) -> np.ndarray:
@@ -823,13 +856,13 @@ def products(w: Int8Rows, xq: np.ndarray, xd: np.ndarray, xs: np.ndarray) -> np.
         out = q4k_int8_matmul(w.qs, w.d, w.m, w.sc, w.mn, xq, xd, xs)
     elif w.kind == "q4h":
         xsum = xq.reshape(xq.shape[0], -1, w.block).sum(axis=2, dtype=np.int32)  # [T, cols / block]
-        out = q4h_int8_matmul(w.qs, w.qh if w.qh is not None else _NO_PLANES, w.d, xq, xd, xsum,
-                              list(PLANE_FORMS).index(w.variant))
+        out = q4h_int8_matmul(w.qs, w.qh if w.qh is not None else _NO_PLANES, w.d,
+                              w.sc if w.sc is not None else _NO_SCALES, xq, xd, xsum, list(PLANE_FORMS).index(w.variant))
     else:
         out = q8_int8_matmul(w.qs, w.d, xq, xd)
     return out if out.shape[1] == w.rows else out[:, : w.rows]
 
 
-__all__ = ["GROUP_ROWS", "X_ROWS", "Int8Rows", "int8_instructions", "int8_rows", "int8_rows_planes", "int8_rows_q4_k", "int8_rows_unsigned",
+__all__ = ["GROUP_ROWS", "X_ROWS", "Int8Rows", "int8_instructions", "int8_rows", "int8_rows_from_blocks", "int8_rows_planes", "int8_rows_q4_k", "int8_rows_unsigned",
            "int8_unavailable", "matmul_int8", "products", "q4_int8_matmul", "q4h_int8_matmul", "q4k_int8_matmul", "q8_int8_matmul", "q8a_int8_matmul",
            "quantize_q8_1"]
