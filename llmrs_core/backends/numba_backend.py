@@ -162,7 +162,9 @@ class NumbaBackend(Backend):
         whole = fused[0].fused
         if self.int8_reason is None and whole is not None:
             copies = [self._int8_copy(source, name, p) for name, p in zip(names, fused)]
-            whole.int8 = Int8Rows.stack(copies) if all(c is not None for c in copies) else None
+            stacked = Int8Rows.stack(copies) if all(c is not None for c in copies) else None
+            # parts of two copy forms (Q5_0's planes and Q8_0's bytes): the whole in the form both fit
+            whole.int8 = stacked if stacked is not None else int8_rows(whole)
             if whole.int8 is not None:  # the parts' copies are views of the whole's rows
                 for p in fused:
                     start = p.first_group * whole.qs.shape[3]

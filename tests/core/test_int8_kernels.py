@@ -403,3 +403,31 @@ def test_q4_k_scales_as_stored_give_the_same_numbers_in_fewer_bytes():
         np.testing.assert_array_equal(a, b)
     halves = int8.Int8Rows.stack([q4k.row_slice(0, 32), q4k.row_slice(32, rows)])
     np.testing.assert_array_equal(int8.matmul_int8(x, halves), int8.matmul_int8(x, q4k))
+
+
+@needs_int8
+def test_fused_parts_of_two_forms_take_the_form_both_fit(tmp_path):
+    """Qwen2.5's Q4_K_M file fuses Q5_0 q and k with a Q8_0 v: the whole takes the 8-bit form both
+    fit (one product), not the float kernels, and gives the numbers of the parts alone."""
+    import llmrs_core as llmrs
+    from llmrs_core.formats.ggml_types import GGMLType
+    from llmrs_core.formats.gguf import TensorToWrite, write_gguf
+    from llmrs_core.quant.ggml_blocks import quantize
+    from llmrs_core.testing import TINY_LLAMA, tiny_llama_metadata, tiny_llama_tensors
+
+    params = {**TINY_LLAMA, "hidden_size": 64, "intermediate_size": 128, "n_heads": 4, "n_kv_heads": 2}
+    tensors = tiny_llama_tensors(**params, seed=4)
+    for name, a in list(tensors.items()):
+        if a.ndim == 2:
+            t = GGMLType.Q8_0 if name.endswith("attn_v.weight") else GGMLType.Q5_0
+            tensors[name] = TensorToWrite(a.shape, t, quantize(a, t).tobytes())
+    path = tmp_path / "mixed.gguf"
+    write_gguf(path, tiny_llama_metadata(**params), tensors)
+    net = llmrs.load(path, backend="numba").network
+    layer = net.layers[0]
+    assert layer.wq.fused is not None and layer.wq.int8 is not None and layer.wq.int8.kind == "q8"
+    x = np.random.default_rng(0).standard_normal((3, 64)).astype(np.float32)
+    net.backend.begin_step(3, (3,))
+    q, k, v = net.backend.matmul_many(x, [layer.wq, layer.wk, layer.wv])
+    np.testing.assert_array_equal(v, int8.matmul_int8(x, layer.wv.int8))
+    assert np.isfinite(q).all() and q.shape == (3, 64) and k.shape == (3, 32)
