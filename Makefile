@@ -202,7 +202,7 @@ PORTABLE_SKIP := --ignore-glob='tests/core/test_tokenizer*' --ignore-glob='tests
                  --ignore=tests/core/test_distributed_mpi.py --ignore=tests/core/test_batch_invariance.py \
                  --ignore-glob='tests/core/test_chat_template*' --ignore=tests/core/test_vocab_fetch.py \
                  --ignore=tests/core/test_family_fixtures.py --ignore=tests/core/test_quant_types.py \
-                 --ignore=tests/core/test_quant_mixes.py
+                 --ignore=tests/core/test_check_env.py --ignore=tests/core/test_make_lab.py
 test-portable: fetch
 	@total=$$(date +%s); \
 	avx2=$$($(PY) -c 'import llvmlite.binding as l; f = l.get_host_cpu_features(); print(int(f.get("avx2", False) and f.get("fma", False)))' 2>/dev/null); \
