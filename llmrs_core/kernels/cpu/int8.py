@@ -5,8 +5,7 @@ activations. It quantises ``x`` first, as the weight type's ``vec_dot_type``
 says (:mod:`.activations`: Q8_0 or Q8_1 per 32 values, Q8_K per 256 for the
 K-quants), to int8 codes ``q_x`` with a scale ``d_x`` per block and
 ``s_x = d_x * sum(q_x)``. Then per block of weights ``w = d_w q_w + m_w`` (the Q4 form)
-or ``w = d_w q_w`` (Q8 codes: Q8_0, Q5_0, IQ4_NL, IQ4_XS in blocks of 32, Q6_K and
-Q3_K in blocks of 16)::
+or ``w = d_w q_w`` (signed codes)::
 
     w_b . x_b  ~  d_w d_x (q_w . q_x) + m_w s_x
 
@@ -27,9 +26,12 @@ in a lane of its own: per block one int32 vector holds the eight rows' exact
 sums, converted, scaled and accumulated with vector operations (llama.cpp's
 repacked ``q4_0_8x8`` kernels work this way). A group is one sequential stream. The
 interleaved layout the float kernels read puts 32 *rows* side by side,
-code by code, which suits float lanes but not byte products. The copy takes
-24 bytes per 32 weights in the Q4 form (16 of codes, float32 ``d`` and
-``m``) and 36 for Q8_0, as much again as the interleaved layout. The numba
+code by code, which suits float lanes but not byte products. The copy's forms
+(:class:`Int8Rows`), in bytes per 32 weights: ``"q4"`` (Q4_0, Q4_1: 16 of nibbles, float32
+``d`` and ``m``) 24; ``"q4k"`` (Q4_K, its integer scales as stored) 19; ``"q8"`` (Q8_0,
+IQ4_NL, IQ4_XS and fused mixtures: bytes and a float32 ``d``) 36; ``"q4h"`` (nibbles plus
+bit planes: Q5_0 24, Q6_K 26.5, Q3_K 18.5); ``"q8a"`` (Q5_1, Q5_K, Q2_K: unsigned bytes with
+``d`` and ``m``) 40 or 48. The numba
 backend's int8 path reads only the copy, in steps of any length (batch invariance:
 ``backends.numba_backend``); ``matmul.matmul`` on its own takes it up to
 ``matmul.INT8_ROWS`` rows, where it beats BLAS.
@@ -162,7 +164,7 @@ def _rows_dot(context, builder, signature, args, form: str, vnni: bool, n_t: int
     kernel forming ``d * sc`` and ``-dmin * mn``: exact products, so the same numbers as ``"q4"``
     from 19 bytes per 32 weights instead of 24), ``"q8"`` (signed 8-bit codes) or ``"q8a"``
     (unsigned codes below 128 with an offset: Q5_1, Q5_K, Q2_K). ``block``: weights per scale (32,
-    or 16 for 8-bit codes: the sub-blocks of Q6_K, Q3_K and Q2_K). ``vnni``: ``vpdpbusd``
+    or 16 for ``"q8a"``: Q2_K's sub-blocks). ``vnni``: ``vpdpbusd``
     instead of ``vpmaddubsw`` + ``vpmaddwd`` (the same integers, see above). Each weight
     word is loaded (and for Q4 split into its low and high nibbles) once for all ``n_t``
     activation rows; each activation row has its own int32 and float32 accumulators, so
@@ -474,8 +476,11 @@ class Int8Rows:
     block's eight rows side by side (``w = d q + m``). ``kind`` ``"q8"``: ``qs`` int8
     ``[groups, nb * block / 4 * 32]``, word ``k`` holding codes ``4k..4k+3`` of each row; ``d`` as
     above (``w = d q``), ``m`` empty ``[0, 0]``. ``kind`` ``"q8a"``: unsigned codes laid out as
-    ``"q8"``'s, with ``m`` as ``"q4"``'s (``w = d q + m``). :meth:`row_major` gives the codes and scales
-    back as ``[rows, ...]``.
+    ``"q8"``'s, with ``m`` as ``"q4"``'s (``w = d q + m``). ``kind`` ``"q4k"``: ``"q4"``'s codes, ``d``
+    and ``m`` per 256 weights (``d``, ``-dmin``) and ``sc``, ``mn`` uint8 per 32 (``w = d sc q - dmin mn``).
+    ``kind`` ``"q4h"``: ``"q4"``'s nibbles plus ``qh`` bit planes (:func:`int8_rows_planes`), ``w = d (q
+    - bias)`` with ``d`` per ``block``, or ``d`` per 256 times ``sc`` int8 per ``block`` (K-quants).
+    :meth:`row_major` gives the codes and scales back as ``[rows, ...]``.
     """
 
     kind: str
