@@ -155,6 +155,23 @@ def _splat(builder, value, vector_type):
     return builder.shuffle_vector(v, ir.Constant(vector_type, ir.Undefined), mask)
 
 
+def _dot_functions(module, vnni: bool):
+    """``(fma, vpdpbusd or None, vpmaddubsw or None, vpmaddwd or None)`` declared in ``module``."""
+    fma = _declare(module, "llvm.fma.v8f32", _V8F, [_V8F, _V8F, _V8F])
+    if vnni:
+        return fma, _declare(module, "llvm.x86.avx512.vpdpbusd.256", _V8I32, [_V8I32, _V8I32, _V8I32]), None, None
+    return (fma, None, _declare(module, "llvm.x86.avx2.pmadd.ub.sw", _V16I16, [_V32I8, _V32I8]),
+            _declare(module, "llvm.x86.avx2.pmadd.wd", _V8I32, [_V16I16, _V16I16]))
+
+
+def _store_rows(builder, out, out_cols, accs, group, t) -> None:
+    """Each activation row's accumulator (the group's eight outputs) into ``out[t + j, 8 group:8 group + 8]``."""
+    first_row = builder.mul(group, ir.Constant(group.type, GROUP_ROWS))
+    for j, acc in enumerate(accs):
+        at = builder.add(builder.mul(builder.add(t, ir.Constant(t.type, j)), out_cols), first_row)
+        builder.store(builder.load(acc), builder.bitcast(builder.gep(out, [at]), _V8F.as_pointer()), align=1)
+
+
 def _rows_dot(context, builder, signature, args, form: str, vnni: bool, n_t: int, block: int) -> None:
     """The IR of one group of :data:`GROUP_ROWS` weight rows against ``n_t`` activation rows
     (``t`` onwards), stored into ``out``.
@@ -191,12 +208,7 @@ def _rows_dot(context, builder, signature, args, form: str, vnni: bool, n_t: int
         return ir.Constant(intp, value)
 
     module = builder.module
-    fma = _declare(module, "llvm.fma.v8f32", _V8F, [_V8F, _V8F, _V8F])
-    if vnni:
-        dpbusd = _declare(module, "llvm.x86.avx512.vpdpbusd.256", _V8I32, [_V8I32, _V8I32, _V8I32])
-    else:
-        maddubs = _declare(module, "llvm.x86.avx2.pmadd.ub.sw", _V16I16, [_V32I8, _V32I8])
-        maddwd = _declare(module, "llvm.x86.avx2.pmadd.wd", _V8I32, [_V16I16, _V16I16])
+    fma, dpbusd, maddubs, maddwd = _dot_functions(module, vnni)
     sign = None if not signed else _declare(module, "llvm.x86.avx2.psign.b", _V32I8, [_V32I8, _V32I8])
     ones = ir.Constant(_V16I16, [1] * 16)
     x_words = builder.bitcast(xq, _I32.as_pointer())  # an activation block is block / 4 words of 4 codes
@@ -257,10 +269,7 @@ def _rows_dot(context, builder, signature, args, form: str, vnni: bool, n_t: int
                 x_sum = _splat(builder, builder.load(builder.gep(xs, [x_block[j]])), _V8F)
                 acc = builder.call(fma, [w_offset, x_sum, acc])
             builder.store(acc, accs[j])
-    first_row = builder.mul(group, const(GROUP_ROWS))
-    for j in range(n_t):
-        at = builder.add(builder.mul(builder.add(t, const(j)), out_cols), first_row)
-        builder.store(builder.load(accs[j]), builder.bitcast(builder.gep(out, [at]), _V8F.as_pointer()), align=1)
+    _store_rows(builder, out, out_cols, accs, group, t)
 
 
 def _high_bits(builder, plane, shift: int, value: int):
@@ -301,12 +310,7 @@ def _rows_dot_planes(context, builder, signature, args, hbits: int, bias: int, b
         return ir.Constant(intp, value)
 
     module = builder.module
-    fma = _declare(module, "llvm.fma.v8f32", _V8F, [_V8F, _V8F, _V8F])
-    if vnni:
-        dpbusd = _declare(module, "llvm.x86.avx512.vpdpbusd.256", _V8I32, [_V8I32, _V8I32, _V8I32])
-    else:
-        maddubs = _declare(module, "llvm.x86.avx2.pmadd.ub.sw", _V16I16, [_V32I8, _V32I8])
-        maddwd = _declare(module, "llvm.x86.avx2.pmadd.wd", _V8I32, [_V16I16, _V16I16])
+    fma, dpbusd, maddubs, maddwd = _dot_functions(module, vnni)
     ones = ir.Constant(_V16I16, [1] * 16)
     x_words = builder.bitcast(xq, _I32.as_pointer())
     planes_ptr = builder.bitcast(qh, _V8I32.as_pointer())
@@ -358,10 +362,7 @@ def _rows_dot_planes(context, builder, signature, args, hbits: int, bias: int, b
                 acc = builder.call(fma, [builder.sitofp(sums, _V8F), builder.fmul(w_scale, x_scale),
                                          builder.load(accs[j])])
                 builder.store(acc, accs[j])
-    first_row = builder.mul(group, const(GROUP_ROWS))
-    for j in range(n_t):
-        at = builder.add(builder.mul(builder.add(t, const(j)), out_cols), first_row)
-        builder.store(builder.load(accs[j]), builder.bitcast(builder.gep(out, [at]), _V8F.as_pointer()), align=1)
+    _store_rows(builder, out, out_cols, accs, group, t)
 
 
 def _planes_intrinsic(hbits: int, bias: int, block: int, k_scales: bool, n_t: int):
