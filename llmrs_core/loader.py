@@ -69,7 +69,9 @@ class Model:
         if self.split is None:
             check_host_allocation(resident_bytes(self.gguf, self._backend.name),
                                   f"{self.path.name} on the {self._backend.name} backend")
-            return LlamaModel(self.gguf, self.config, self._backend)
+            network = LlamaModel(self.gguf, self.config, self._backend)
+            self.gguf.release_pages()  # the backend holds its own copies of the weights now
+            return network
         part, plan = self.split
         rows = part.tensors["token_embd.weight"].shape[0]
         return LlamaModel(part, part.config, self._backend, plan=plan, vocab_rows=rows)

@@ -99,6 +99,13 @@ def _kernel_options(options: AttentionOptions) -> tuple[int, np.float32, np.floa
     return int(options.window), np.float32(options.softcap), np.float32(options.scale)
 
 
+def _release(packed: PackedMatrix, stored: tuple[np.ndarray, GGMLType] | None) -> None:
+    """Keep only the int8 copy of a matrix that has one and whose stored bytes give its rows:
+    the packed arrays would be a second copy, the int8 path never reads them."""
+    if packed.int8 is not None and stored is not None:
+        packed.keep_int8_only(stored)
+
+
 class NumbaBackend(Backend):
     name = "numba"
 
@@ -149,6 +156,7 @@ class NumbaBackend(Backend):
         packed = self._pack(source, name)
         if self.int8_reason is None:
             packed.int8 = self._int8_copy(source, name, packed)
+            _release(packed, source.blocks(name))
         return packed
 
     def load_matrices(self, source: WeightSource, names: list[str]) -> list[PackedMatrix]:
@@ -158,6 +166,7 @@ class NumbaBackend(Backend):
             if self.int8_reason is None:
                 for name, p in zip(names, parts):
                     p.int8 = self._int8_copy(source, name, p)
+                    _release(p, source.blocks(name))
             return parts
         whole = fused[0].fused
         if self.int8_reason is None and whole is not None:
@@ -166,9 +175,11 @@ class NumbaBackend(Backend):
             # parts of two copy forms (Q5_0's planes and Q8_0's bytes): the whole in the form both fit
             whole.int8 = stacked if stacked is not None else int8_rows(whole)
             if whole.int8 is not None:  # the parts' copies are views of the whole's rows
-                for p in fused:
+                for name, p in zip(names, fused):
                     start = p.first_group * whole.qs.shape[3]
                     p.int8 = whole.int8.row_slice(start, start + p.rows)
+                    _release(p, source.blocks(name))
+                whole.keep_int8_only(None)  # nothing reads the whole's rows
         return fused
 
     def matmul_many(self, x: np.ndarray, ws: list[PackedMatrix]) -> list[np.ndarray]:
@@ -184,6 +195,8 @@ class NumbaBackend(Backend):
 
     def embed(self, table: PackedMatrix, ids: np.ndarray) -> np.ndarray:
         ids = np.ascontiguousarray(ids, dtype=np.int64).reshape(-1)
+        if table.released:
+            return table.rows_of(ids)  # the file's rows, dequantised: the values the packed form held
         if table.kind == "f32":
             return table.qs[ids]
         out = np.empty((ids.size, table.cols), np.float32)

@@ -475,6 +475,13 @@ class GGUFFile(WeightSource):
 
     # -- lifetime --------------------------------------------------------
 
+    def release_pages(self) -> None:
+        """Drop the mapped pages from this process's resident memory (``MADV_DONTNEED`` on a
+        read-only shared map: nothing is lost, a page touched again is read from the page cache)."""
+        mm = getattr(self, "_mmap", None)
+        if mm is not None and hasattr(mmap, "MADV_DONTNEED"):  # Linux and the BSDs; elsewhere a no-op
+            mm.madvise(mmap.MADV_DONTNEED)
+
     def close(self) -> None:
         """Release the memory map (arrays handed out earlier must not be used after)."""
         mm = getattr(self, "_mmap", None)

@@ -78,6 +78,12 @@ class WeightSource(ABC):
         when this source does not store ggml blocks (a safetensors directory)."""
         return None
 
+    def release_pages(self) -> None:
+        """Tell the OS that the file's pages read so far need not stay in this process's memory
+        (the backend has made its own copies). Arrays handed out stay valid: a page read again
+        comes back from the file. A source that maps no file does nothing."""
+        return None
+
     @abstractmethod
     def tokenizer(self) -> Tokenizer | None:
         """A new :class:`~llmrs_core.tokenizer.Tokenizer` from the source's own files or

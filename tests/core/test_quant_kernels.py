@@ -78,3 +78,41 @@ def test_int8_path_runs(stored):
     slack = 2 * bound * np.abs(want).max()
     chosen = want[np.arange(len(IDS)), got.argmax(axis=1)]
     assert np.all(chosen >= want.max(axis=1) - slack)
+
+
+RELEASED_TYPES = ["Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q6_K"] + [t for t, (_, _, int8) in PATHS.items() if int8]
+
+
+@pytest.mark.skipif(int8_unavailable() is not None, reason=f"int8 kernels not compiled: {int8_unavailable()}")
+@pytest.mark.parametrize("type_name", RELEASED_TYPES)
+def test_int8_path_holds_only_the_copy_and_embeds_the_files_rows(type_name, tmp_path):
+    """On the int8 path the packed arrays would be a second copy of every matrix: the backend frees
+    them, and the embedding's rows are dequantised from the file's bytes, as ggml's get_rows does.
+    They must be the very values the packed form's embedding kernels give (the exact path keeps it)."""
+    path = tmp_path / f"{type_name}.gguf"
+    write_tiny_llama(path, weight_type=type_name.lower(), hidden_size=256, intermediate_size=512,
+                     n_layers=1, n_heads=4, n_kv_heads=2, vocab_size=64)
+    int8_model, exact = llmrs.load(path, backend="numba"), llmrs.load(path, backend="numba", exact=True)
+    net = int8_model.network
+    for w in (net.layers[0].wq, net.layers[0].w_down, net.token_embd):
+        assert w.released and w.qs.size == 0 and w.nbytes == w.int8.nbytes, f"{type_name}: packed arrays kept"
+    ids = np.array([0, 5, 63, 5, 17])
+    got = int8_model._backend.embed(net.token_embd, ids)
+    want = exact._backend.embed(exact.network.token_embd, ids)
+    np.testing.assert_array_equal(got, want, err_msg=f"{type_name}: the file's rows differ from the packed form's")
+
+
+def test_released_pages_read_back_from_the_file(tmp_path):
+    """load() drops the file's mapped pages once the backend has its copies; the arrays handed out
+    before must still read the file's bytes (a page comes back from the page cache)."""
+    from llmrs_core.formats.gguf import read_gguf
+
+    path = tmp_path / "q4_k.gguf"
+    write_tiny_llama(path, weight_type="q4_k", hidden_size=256, intermediate_size=512, n_layers=1,
+                     n_heads=4, n_kv_heads=2, vocab_size=64)
+    with read_gguf(path) as gguf:
+        views = {name: gguf.tensor_bytes(name) for name in gguf.tensors}
+        copies = {name: v.copy() for name, v in views.items()}
+        gguf.release_pages()
+        for name, view in views.items():
+            np.testing.assert_array_equal(view, copies[name], err_msg=name)

@@ -40,6 +40,7 @@ import numpy as np
 
 from ...formats.ggml_types import GGMLType, type_traits
 from ...quant.dequant import (
+    dequantize,
     iq4_nl_symmetric,
     q4_0_affine,
     q4_1_affine,
@@ -110,14 +111,42 @@ class PackedMatrix:
     first_group: int = 0
     #: the row-major copy the int8 decode kernels read (``int8.int8_rows``), when the backend made one
     int8: Int8Rows | None = None
+    #: the matrix's bytes as the file stores them (``uint8``, a view of the file where it is one) and
+    #: their ggml type, kept by :meth:`keep_int8_only` for reading rows (an embedding)
+    stored: tuple[np.ndarray, GGMLType] | None = None
+    #: whether the packed arrays were freed (:meth:`keep_int8_only`)
+    released: bool = False
 
     @property
     def nbytes(self) -> int:
-        return self.qs.nbytes + self.d.nbytes + self.m.nbytes
+        """The bytes this matrix holds: its packed arrays and its int8 copy (not the file's bytes)."""
+        own = self.qs.nbytes + self.d.nbytes + self.m.nbytes
+        return own + (self.int8.nbytes if self.int8 is not None else 0)
 
     @property
     def shape(self) -> tuple[int, int]:
         return (self.rows, self.cols)
+
+    def keep_int8_only(self, stored: tuple[np.ndarray, GGMLType] | None) -> None:
+        """Free the packed arrays of a matrix the int8 kernels multiply from its copy alone: they
+        would double its memory. ``stored`` (the file's bytes) still gives its rows (:meth:`rows_of`);
+        None for a matrix whose rows nothing reads (a fused whole). The arrays become empty ones of
+        the same dtype and rank, so compiled callers keep their types."""
+        if self.int8 is None:
+            raise ValueError("keep_int8_only: this matrix has no int8 copy to keep")
+        self.qs, self.d, self.m = (np.empty((0,) * a.ndim, a.dtype) for a in (self.qs, self.d, self.m))
+        self.stored = stored
+        self.released = True
+
+    def rows_of(self, ids: np.ndarray) -> np.ndarray:
+        """Rows ``ids`` (int ``[T]``) float32 ``[T, cols]`` dequantised from the stored bytes, as ggml's
+        ``get_rows`` does (the values the packed arrays held); for a released matrix."""
+        if self.stored is None:
+            raise ValueError("rows_of reads the stored bytes, which only a released matrix keeps")
+        raw, ggml_type = self.stored
+        rows = raw.reshape(self.rows, -1)[ids]
+        return dequantize(rows, ggml_type, (ids.size, self.cols))
+
 
 
 def _interleave(a: np.ndarray, rows: int) -> np.ndarray:
