@@ -35,6 +35,7 @@ sentence. A benchmark may give a table besides its figures, ``raw["table"] = {"c
 from __future__ import annotations
 
 import os
+import statistics
 import sys
 import time
 from abc import ABC, abstractmethod
@@ -175,15 +176,17 @@ class SpeedBench(Benchmark):
 
 
 def speed_outcome(model_path: Path, plan: Plan, tick: Callable[[str], None], backends: Sequence[str],
-                  compare: bool, key: str) -> Outcome:
+                  compare: bool, key: str, memory: bool = False) -> Outcome:
     """pp/tg of ``backends`` and llama.cpp's (when ``compare`` and installed) on one file, interleaved,
-    as figures ``{key}.pp{N}.{engine}`` and ``{key}.pp{N}.{engine}/llama.cpp``."""
+    as figures ``{key}.pp{N}.{engine}`` and ``{key}.pp{N}.{engine}/llama.cpp``; with ``memory``, also
+    each engine's RSS and load time (:func:`memory_figures`) and the numba backend's roofline."""
     from ..loader import load
     from .speed import _interleaved, _llama_cpp_runs, _our_runs
 
-    engines, notes = {}, []
+    engines, notes, networks = {}, [], {}
     for name in backends:
         model = load(model_path, backend=name, threads=plan.threads if name == "numba" else None)
+        networks[name] = model.network
         engines[name] = (*_our_runs(model, plan.pp, plan.tg), plan.threads)
     runs = _llama_cpp_runs(model_path, plan.pp, plan.tg, plan.threads) if compare else None
     if runs is not None:
@@ -212,7 +215,37 @@ def speed_outcome(model_path: Path, plan: Plan, tick: Callable[[str], None], bac
             for name in backends:  # tokens/s ratio = llama.cpp's seconds over ours, round by round
                 figures.append(Figure.of(f"{key}.{kind}{n}.{name}/llama.cpp", f"{name} / llama.cpp {kind}{n}",
                                          "ratio", ratio_samples(times["llama.cpp"][kind], times[name][kind])))
-    return Outcome(figures, notes, {"pp": plan.pp, "tg": plan.tg, "engines": list(times)})
+    raw = {"pp": plan.pp, "tg": plan.tg, "engines": list(times)}
+    if memory and "numba" in networks:
+        more, raw["memory"] = memory_figures(model_path, plan, key, networks["numba"],
+                                             plan.tg / statistics.median(times["numba"]["tg"]), "llama.cpp" in times)
+        figures += more
+    return Outcome(figures, notes, raw)
+
+
+def memory_figures(model_path: Path, plan: Plan, key: str, network, tg_rate: float,
+                   compare: bool) -> tuple[list[Figure], dict]:
+    """RSS after the first token and load time of the numba backend and llama.cpp, each in a fresh
+    process (:func:`.footprint.footprint`), and the numba backend's decode rate against the roof of
+    the machine's STREAM bandwidth: figures ``{key}.rss.*``, ``{key}.load_s.*``, ``{key}.roofline``."""
+    from .environment import stream_triad_gb_s
+    from .footprint import footprint, roofline
+
+    roof = roofline(network, tg_rate, stream_triad_gb_s())
+    prints = {"numba": footprint(model_path, "numba", plan.threads)}
+    if compare:
+        prints["llama.cpp"] = footprint(model_path, "llama.cpp", plan.threads)
+    figures = [Figure.of(f"{key}.roofline.numba", f"numba tg{plan.tg} / STREAM roof "
+                         f"({roof['bytes_per_token'] / 2**20:.0f} MiB a token at {roof['stream_gb_s']:.1f} GB/s)",
+                         "ratio", [roof["fraction"]])]
+    for name, p in prints.items():
+        if "error" not in p:
+            figures += [Figure.of(f"{key}.rss.{name}", f"{name} RSS after the first token", "MiB", [p["rss_mib"]], False),
+                        Figure.of(f"{key}.load_s.{name}", f"{name} load to first token", "s", [p["load_s"]], False)]
+    if all("error" not in p for p in prints.values()) and "llama.cpp" in prints:
+        figures.append(Figure.of(f"{key}.rss.numba/llama.cpp", "numba / llama.cpp RSS", "ratio",
+                                 [prints["numba"]["rss_mib"] / prints["llama.cpp"]["rss_mib"]], False))
+    return figures, {"roofline": roof, "footprint": prints}
 
 
 #: the full-size random-weight files `make full-size-check` leaves (scripts/full_size_models.py), in
@@ -245,7 +278,7 @@ class ScaleBench(Benchmark):
     def run(self, model_path: Path, plan: Plan, tick: Callable[[str], None]) -> Outcome:
         figures, notes, raw = [], [], {}
         for shape, path in full_size_files().items():
-            outcome = speed_outcome(path, plan, tick, ("numba",), True, f"scale.{shape}")
+            outcome = speed_outcome(path, plan, tick, ("numba",), True, f"scale.{shape}", memory=True)
             figures += outcome.figures
             notes += [f"{shape}: {note}" for note in outcome.notes]
             raw[shape] = {**outcome.raw, "file": str(path), "bytes": path.stat().st_size}

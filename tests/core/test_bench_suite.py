@@ -271,5 +271,8 @@ def test_scale_names_how_to_make_its_files_and_measures_each_one(tmp_path, monke
     outcome = bench.run(tmp_path / "unused.gguf", TINY_PLAN, ticks.append)
     keys = {f.key for f in outcome.figures}
     assert {f"scale.{shape}.pp16.numba", f"scale.{shape}.tg4.numba"} <= keys, keys
+    # beside the speed: the numba backend's RSS and load time (a fresh process) and its roofline
+    assert {f"scale.{shape}.rss.numba", f"scale.{shape}.load_s.numba", f"scale.{shape}.roofline.numba"} <= keys, keys
+    assert outcome.raw[shape]["memory"]["roofline"]["bytes_per_token"] > 0
     assert len(ticks) == bench.steps(TINY_PLAN) == TINY_PLAN.repetitions
     assert outcome.raw[shape]["bytes"] > 0
