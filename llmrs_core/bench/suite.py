@@ -172,7 +172,7 @@ class SpeedBench(Benchmark):
         self.compare = compare
 
     def run(self, model_path: Path, plan: Plan, tick: Callable[[str], None]) -> Outcome:
-        return speed_outcome(model_path, plan, tick, self.backends, self.compare, "speed")
+        return speed_outcome(model_path, plan, tick, self.backends, self.compare, "speed", memory=True)
 
 
 def speed_outcome(model_path: Path, plan: Plan, tick: Callable[[str], None], backends: Sequence[str],
@@ -231,7 +231,7 @@ def memory_figures(model_path: Path, plan: Plan, key: str, network, tg_rate: flo
     from .environment import stream_triad_gb_s
     from .footprint import footprint, roofline
 
-    roof = roofline(network, tg_rate, stream_triad_gb_s())
+    roof = roofline(network, tg_rate, stream_triad_gb_s(1 << (24 if plan.name == "full" else 22)))
     prints = {"numba": footprint(model_path, "numba", plan.threads)}
     if compare:
         prints["llama.cpp"] = footprint(model_path, "llama.cpp", plan.threads)
