@@ -84,15 +84,13 @@ def create_app(
     with ``warm_up`` its kernels compiled — in the engine-loop thread when the app starts; ``/health``
     is 503 until then. The model's name in the API is ``served_model_name`` (default: the file's stem).
     ``stream_events`` writes the SSE events of streamed answers (Exercise 11.6 plugs the learner's in here).
-    Each finished request writes one JSON line to ``request_log`` (prompts and outputs
-    only with ``log_prompts``) and its spans to ``tracer_provider`` (default: the global
-    one) — :mod:`.request_log`, :mod:`.tracing`.
+    Each finished request writes one JSON line to ``request_log`` (prompts and outputs only with
+    ``log_prompts``) and its spans to ``tracer_provider`` (default: the global one).
 
-    Faults (:mod:`.loop`): ``request_timeout`` seconds is every request's deadline
-    (``None``: none); ``step_timeout`` seconds, the most one engine step may take before
-    the server goes unready (``None``: no watchdog); ``stream_buffer``, the most outputs
-    a stream keeps per request for a client that does not read them; ``max_restarts`` fresh engines
-    within ``restart_window`` seconds, after which an engine failure is final.
+    Faults (:mod:`.loop`): ``request_timeout`` seconds is every request's deadline (``None``: none);
+    ``step_timeout`` seconds, the most one engine step may take before the server goes unready
+    (``None``: no watchdog); ``stream_buffer``, the most outputs a stream keeps per request for a client
+    not reading them; ``max_restarts`` fresh engines within ``restart_window`` s (then a failure is final).
     """
     for what, value in (("request_timeout", request_timeout), ("step_timeout", step_timeout)):
         if value is not None and not value > 0:
@@ -101,16 +99,7 @@ def create_app(
     name = served_model_name or model.path.stem
     metrics = ServerMetrics(name, model.config.context_length)
     observer = RequestObserver(name, request_log, log_prompts, tracer_provider)
-
-    def on_step(outputs: list[RequestOutput], stats: StepStats) -> None:
-        metrics.observe_step(outputs, stats)
-        observer.observe_step(outputs, stats)
-
-    def on_failure(record: dict) -> None:
-        if record.get("action") == "restart":
-            metrics.observe_restart()
-        observer.log_event(record)
-
+    on_step, on_failure = _observers(metrics, observer)
     engine_loop = EngineLoop(_engine_factory(model, tokenizer, warm_up, num_blocks, block_size, max_num_seqs),
                              max_queue=max_queue, on_step=on_step, max_buffered=stream_buffer,
                              step_timeout=step_timeout, max_restarts=max_restarts, restart_window=restart_window,
@@ -127,6 +116,23 @@ def create_app(
     for router in ROUTERS:
         app.include_router(router)
     return app
+
+
+def _observers(metrics: ServerMetrics, observer: RequestObserver
+               ) -> tuple[Callable[[list[RequestOutput], StepStats], None], Callable[[dict], None]]:
+    """The engine loop's ``on_step`` (metrics, then log lines and traces) and ``on_failure``
+    (``llmrs:engine_restarts_total`` for a restart, and the record's log line)."""
+
+    def on_step(outputs: list[RequestOutput], stats: StepStats) -> None:
+        metrics.observe_step(outputs, stats)
+        observer.observe_step(outputs, stats)
+
+    def on_failure(record: dict) -> None:
+        if record.get("action") == "restart":
+            metrics.observe_restart()
+        observer.log_event(record)
+
+    return on_step, on_failure
 
 
 @contextlib.asynccontextmanager
