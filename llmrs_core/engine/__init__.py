@@ -3,11 +3,13 @@
     scheduler     requests, queues, admission, chunked prefill, preemption
     radix_cache   RadixAttention-style prefix caching over KV blocks
     engine        add_request / abort / step / run: the loop that ties them to the model
+    stats         StepStats: the engine after a step, as the server reads it
 """
 
 from .engine import Engine, RequestOutput
 from .radix_cache import RadixCache
 from .scheduler import Request, RequestRejected, RequestStatus, ScheduledChunk, Scheduler
+from .stats import RequestStats, StepStats
 
 __all__ = [
     "Engine",
@@ -15,7 +17,9 @@ __all__ = [
     "Request",
     "RequestOutput",
     "RequestRejected",
+    "RequestStats",
     "RequestStatus",
     "ScheduledChunk",
     "Scheduler",
+    "StepStats",
 ]

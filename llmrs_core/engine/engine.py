@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -31,6 +31,7 @@ from ..tokenizer import Tokenizer
 from ..validation import check_max_tokens, normalise_stop, prompt_ids, stop_token_set
 from .checks import checked_schedule
 from .scheduler import Request, RequestRejected, RequestStatus
+from .stats import RequestStats, StepStats
 
 
 class Network(Protocol):
@@ -418,6 +419,27 @@ class Engine:
             "blocks_free": self.cache.allocator.num_free,
             "blocks_cached": pc.num_blocks if pc else 0,
         }
+
+    def step_stats(self, request_ids: Iterable[str] = ()) -> StepStats:
+        """The engine now, for the server's metrics, logs and loop (:mod:`.stats`): the queues,
+        the block pool, the cumulative counters, and the named requests it still knows."""
+        pc = self.prefix_cache
+        requests = {}
+        for rid in request_ids:
+            r = self.requests.get(rid)
+            if r is None:
+                continue
+            state = self._states[rid]
+            requests[rid] = RequestStats(len(r.prompt_ids), tuple(r.output_ids), r.num_computed, state.metrics,
+                                         state.stream.text)
+        held = set().union(*self.cache.tables.values())  # blocks in some request's table
+        return StepStats(
+            engine_id=id(self), running=tuple(r.request_id for r in self.scheduler.running),
+            num_waiting=len(self.scheduler.waiting), kv_blocks_used=len(held),
+            kv_blocks_total=self.cache.allocator.num_blocks, num_preemptions=self.scheduler.num_preemptions,
+            prefix_cache_queries=pc.lookup_tokens if pc else 0, prefix_cache_hits=pc.hit_tokens if pc else 0,
+            requests=requests,
+        )
 
 
 __all__ = ["Engine", "RequestMetrics", "RequestOutput", "RequestRejected", "RequestStatus"]

@@ -15,14 +15,17 @@ wait for it). So one thread, and only that thread, touches the engine:
   aborts (a request cancelled while still queued is never added, so it is
   never prefilled), run one ``engine.step()``, and hand each output to its
   stream with ``loop.call_soon_threadsafe`` — the only way another thread may
-  touch asyncio objects. Then ``on_step(engine, outputs)`` (the metrics) and
-  ``engine.release`` for the requests that are over: the engine keeps no state
-  for finished requests.
+  touch asyncio objects. Then ``on_step(outputs, stats)`` (the metrics and logs,
+  with the engine's :class:`~llmrs_core.engine.StepStats`: they never read the
+  engine itself) and ``engine.release`` for the requests that are over: the
+  engine keeps no state for finished requests.
 * A client that goes away calls :meth:`EngineLoop.abort`; the abort is applied
   before the next step, so the request computes at most the step in progress.
 
-Fault tolerance (chapter 12.3). The loop's :attr:`~EngineLoop.state` is what
-``/ready`` and ``/health`` report:
+Fault tolerance (chapter 12.3; :mod:`.supervisor` restarts the engine and runs the
+watchdog, :mod:`.faults` holds the states and errors). The loop's
+:attr:`~EngineLoop.state` (a :class:`~.faults.LoopState`) is what ``/ready`` and
+``/health`` report:
 
 ==============  ==========  ===========  ====================================================================
 state           ``/ready``  ``/health``  meaning
@@ -120,50 +123,27 @@ import dataclasses
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..engine import Engine, RequestOutput
+from ..engine import Engine, RequestOutput, StepStats
 from ..sampling import SamplingParams
-
-
-class StreamError(RuntimeError):
-    """A response stream ended before its requests finished; :attr:`status` is the HTTP status
-    to answer with (also the ``code`` of a stream's error event)."""
-
-    status = 500
-
-
-class EngineDeadError(StreamError):
-    """The engine loop takes no requests: it is draining, stalled, failed or shutting down (HTTP 503)."""
-
-    status = 503
-
-
-class RequestTimeoutError(StreamError):
-    """The request ran past its deadline (``--request-timeout``) and was aborted (HTTP 504)."""
-
-    status = 504
-
-
-class SlowConsumerError(StreamError):
-    """The client did not read its stream: too many outputs waited for it, so it was aborted (HTTP 408)."""
-
-    status = 408
-
-
-class QueueFullError(RuntimeError):
-    """More requests are waiting than the server's ``max_queue`` allows (an HTTP 429)."""
-
-
-#: what the client of a request that failed in the engine is told (the error itself goes to the log)
-REQUEST_FAILED = "request {id!r} failed: the server could not compute it (the server's log has the details)"
-#: ... of a request failed with the engine, which was then rebuilt
-ENGINE_RESTARTED = ("request {id!r} failed: the server's engine failed during its step and was restarted "
-                    "(the server's log has the details)")
-#: ... and once the engine has failed for good (every later request, and ``/ready``)
-ENGINE_FAILED = "the server's engine failed for good and takes no requests (the server's log says why)"
+from .faults import (
+    ENGINE_FAILED,
+    READY_STATES,
+    REQUEST_FAILED,
+    WEDGED_STATES,
+    EngineDeadError,
+    LoopState,
+    QueueFullError,
+    RequestTimeoutError,
+    SlowConsumerError,
+    StepFailed,
+    StepStalled,
+    StreamError,
+)
+from .supervisor import Supervisor, batch_of
 
 
 @dataclass(frozen=True)
@@ -302,26 +282,6 @@ def _call_soon(loop: asyncio.AbstractEventLoop, fn: Callable, *args: object) -> 
             raise
 
 
-class _StepFailed(Exception):
-    """Every request of an engine step failed, and so did the probe (their error outputs,
-    already observed by ``on_step``, are delivered by ``_recover`` once the failure is logged)."""
-
-    def __init__(self, outputs: list[RequestOutput], batch: list[dict], probe_error: str):
-        super().__init__(f"every request of the step failed ({outputs[0].error or 'no message'}), and so did "
-                         f"a probe of the model ({probe_error})")
-        self.outputs = outputs
-        self.batch = batch
-
-
-class _StepStalled(Exception):
-    """The step returned after the watchdog had given it up (its requests were failed)."""
-
-
-#: states in which ``/ready`` is 200, and those in which ``/health`` is 503 (see the module docstring)
-READY_STATES = ("ready",)
-WEDGED_STATES = ("stalled", "failed", "stopped")
-
-
 class EngineLoop:
     """The thread that owns the engine; see the module docstring for the protocol.
 
@@ -331,10 +291,10 @@ class EngineLoop:
             for a fresh engine after a failure.
         max_queue: the most requests waiting for the engine (submitted and not yet
             running) before :meth:`submit` raises :class:`QueueFullError`; ``None``: no limit.
-        on_step: called in the loop thread after every iteration with the engine and
-            that iteration's outputs — its aborts (finish reason ``"abort"``) first, then
-            the step's — before finished requests are released: the metrics, logs and
-            traces read the engine here.
+        on_step: called in the loop thread after every iteration with that iteration's
+            outputs — its aborts (finish reason ``"abort"``) first, then the step's — and the
+            engine's :class:`~llmrs_core.engine.StepStats` after it (with those outputs'
+            requests): the metrics, logs and traces read only these.
         max_buffered: the most outputs a stream holds per request for a client that does
             not read them (:class:`SlowConsumerError` past it); ``None``: no limit.
         step_timeout: seconds one engine step may take before the watchdog declares the
@@ -351,7 +311,7 @@ class EngineLoop:
         self,
         make_engine: Callable[[], Engine],
         max_queue: int | None = None,
-        on_step: Callable[[Engine, list[RequestOutput]], None] | None = None,
+        on_step: Callable[[list[RequestOutput], StepStats], None] | None = None,
         *,
         max_buffered: int | None = None,
         step_timeout: float | None = None,
@@ -369,6 +329,7 @@ class EngineLoop:
         self.step_timeout = step_timeout
         self.max_restarts = max_restarts
         self.restart_window = restart_window
+        self._supervisor = Supervisor(self, max_restarts, restart_window)
         self._on_step = on_step
         self._on_failure = on_failure
         self._cond = threading.Condition()
@@ -384,13 +345,12 @@ class EngineLoop:
         self._step_started: float | None = None  # monotonic time of the step in progress (under _cond)
         self._stalled = False
         self._stall_ids: list[str] = []  # the requests in flight when the watchdog gave the step up
-        self._failures: deque[float] = deque()  # monotonic times of the recent failures
         self._thread: threading.Thread | None = None
         self._watchdog: threading.Thread | None = None
         #: set once the engine is first built and warm: requests run from then on
         self.ready = threading.Event()
         #: ``loading``, ``ready``, ``restarting``, ``draining``, ``stalled``, ``failed`` or ``stopped``
-        self.state = "loading"
+        self.state = LoopState.LOADING
         #: why the loop failed for good (``None`` until it has)
         self.error: str | None = None
         #: why the engine last failed (kept after a restart, for ``/ready`` and ``/health``)
@@ -411,7 +371,8 @@ class EngineLoop:
         self._thread = threading.Thread(target=self._run, name="llmrs-engine-loop", daemon=True)
         self._thread.start()
         if self.step_timeout is not None:
-            self._watchdog = threading.Thread(target=self._watch, name="llmrs-engine-watchdog", daemon=True)
+            self._watchdog = threading.Thread(target=self._supervisor.watch, name="llmrs-engine-watchdog",
+                                              daemon=True)
             self._watchdog.start()
 
     def stop(self, timeout: float = 10.0) -> None:
@@ -433,8 +394,8 @@ class EngineLoop:
             if self._draining:
                 return
             self._draining = True
-            if self.state == "ready":
-                self.state = "draining"
+            if self.state == LoopState.READY:
+                self.state = LoopState.DRAINING
         if timeout is not None:
             message = (f"the server is shutting down and this request did not finish within the drain timeout "
                        f"({timeout:g} s)")
@@ -553,7 +514,7 @@ class EngineLoop:
         try:
             engine = self.engine = self._make_engine()
             with self._cond:
-                self.state = "draining" if self._draining else "ready"
+                self.state = LoopState.DRAINING if self._draining else LoopState.READY
             self.ready.set()
             while True:
                 with self._cond:
@@ -563,25 +524,24 @@ class EngineLoop:
                     if self._stopping:
                         break
                     cut_off, self._cut_off = self._cut_off, None
-                    submissions, self._submissions = list(self._submissions), deque()
+                    submissions = self._take_submissions()
                     aborts, self._aborts = self._aborts, set()
-                    self._pending -= sum(len(s.requests) for s in submissions)
                 if cut_off is not None:
                     self._fail_streams(engine, EngineDeadError(cut_off))
                 try:
                     self._iterate(engine, submissions, aborts)
                 except Exception as e:  # the engine failed: restart it, or give up
-                    engine = self._recover(engine, e, submissions)
+                    engine = self._supervisor.recover(engine, e, submissions)
                     if engine is None:
                         return
                 del submissions  # while the loop sleeps it holds no request's stream
-            self._shut_down(engine, EngineDeadError("the server is shutting down"), "stopped")
+            self._shut_down(engine, EngineDeadError("the server is shutting down"), LoopState.STOPPED)
         except BaseException as e:  # the loop is dead: say why in the log, and ENGINE_FAILED to everyone waiting
             self.error = f"the engine loop failed: {type(e).__name__}: {e}"
             self._report({"event": "engine_failure", "time": round(time.time(), 3), "error": self.error,
                           "where": "loop" if self.ready.is_set() else "start", "action": "unready",
                           "failed": sorted(self._streams)})
-            self._shut_down(engine, EngineDeadError(ENGINE_FAILED), "failed")
+            self._shut_down(engine, EngineDeadError(ENGINE_FAILED), LoopState.FAILED)
 
     def _iterate(self, engine: Engine, submissions: list[_Submission], aborts: set[str]) -> None:
         """One iteration: admit, apply aborts, step, observe, deliver, release."""
@@ -597,41 +557,42 @@ class EngineLoop:
             outputs = self._step(engine)
             self.steps = engine.steps
             engine.check_progress(outputs)
+        stats = engine.step_stats([o.request_id for o in aborted + outputs])
         failed = None
-        if outputs and not engine.scheduler.running and all(o.finish_reason == "error" for o in outputs):
+        if outputs and not stats.running and all(o.finish_reason == "error" for o in outputs):
             # the batch failed, and each sequence again alone: the engine's fault only if a known-good
             # probe fails too (else the requests failed alone). Its error outputs then reach their
-            # clients from _recover, after the failure is logged.
+            # clients from the supervisor, after the failure is logged.
             probe_error = self._probe(engine)
             if probe_error is not None:
-                failed = _StepFailed(outputs, self._batch(engine, [o.request_id for o in outputs]), probe_error)
+                failed = StepFailed(outputs, batch_of(stats, [o.request_id for o in outputs]), probe_error)
         if self._on_step is not None:  # metrics and log lines first: a client holding its answer finds them
-            self._on_step(engine, aborted + outputs)
+            self._on_step(aborted + outputs, stats)
         if failed is None:
             for out in outputs:
                 self._deliver(out)
         for rid in finished + [o.request_id for o in outputs if o.finished]:
             engine.release(rid)
-        self._engine_waiting = len(engine.scheduler.waiting)
+        self._engine_waiting = stats.num_waiting
         if failed is not None:
             raise failed
 
     def _step(self, engine: Engine) -> list[RequestOutput]:
-        """``engine.step()``, timed for the watchdog; :class:`_StepStalled` if it gave the step up."""
+        """``engine.step()``, timed for the watchdog; :class:`StepStalled` if it gave the step up."""
         return self._timed(engine.step)
 
     def _probe(self, engine: Engine) -> str | None:
         """``engine.probe()``, timed for the watchdog: ``None`` if the model computes, else why not."""
         try:
             self._timed(engine.probe)
-        except _StepStalled:
+        except StepStalled:
             raise
         except Exception as e:
             return f"{type(e).__name__}: {e}"
         return None
 
     def _timed(self, work: Callable[[], Any]) -> Any:
-        """Run ``work`` (a step or a probe) under the watchdog's eye; :class:`_StepStalled` if it
+        """Run ``work`` (a step or a probe) under the watchdog's eye; :class:`StepStalled` if it
         gave it up meanwhile."""
         with self._cond:
             self._step_started = time.monotonic()
@@ -644,7 +605,7 @@ class EngineLoop:
             self._step_started = None
             stalled = self._stalled
         if stalled:
-            raise _StepStalled(f"an engine step ran for more than {self.step_timeout:g} s (--step-timeout)")
+            raise StepStalled(f"an engine step ran for more than {self.step_timeout:g} s (--step-timeout)")
         if error is not None:
             raise error
         return result
@@ -694,106 +655,14 @@ class EngineLoop:
             self._requests.pop(out.request_id, None)
         _call_soon(stream.loop, stream.put, out)
 
-    # -- failures -------------------------------------------------------------------------
-
-    def _recover(self, engine: Engine, error: Exception, submissions: list[_Submission]) -> Engine | None:
-        """After a failed (or stalled) step: fail its batch, retry the requests that had not started
-        in a fresh engine — or, past the crash-loop guard, fail everything. Returns the fresh engine,
-        or ``None`` when the loop gave up."""
-        stalled = isinstance(error, _StepStalled)
-        message = str(error) if isinstance(error, _StepFailed | _StepStalled) else f"{type(error).__name__}: {error}"
-        self.last_failure = message
-        now = time.monotonic()
-        self._failures.append(now)
-        while self._failures and now - self._failures[0] > self.restart_window:
-            self._failures.popleft()
-        give_up = len(self._failures) > self.max_restarts
-        if isinstance(error, _StepFailed):
-            batch = error.batch
-        else:
-            batch = self._batch(engine, self._stall_ids if stalled else [r.request_id for r in engine.scheduler.running])
-        unadmitted = [s for s in submissions if not s.handled]  # for the fresh engine
-        in_batch = {b["request_id"] for b in batch}
-
-        def untouched(rid: str) -> bool:  # nothing of it was computed, nothing reached its client
-            r = engine.requests.get(rid)
-            return r is not None and not r.output_ids and r.num_computed == 0
-
-        retried = [] if give_up else [rid for rid in self._streams if rid not in in_batch and untouched(rid)]
-        failed = [rid for rid in self._streams if rid not in retried]
-        record = {"event": "engine_failure", "time": round(time.time(), 3), "error": message,
-                  "where": "stall" if stalled else "step", "action": "unready" if give_up else "restart",
-                  "restarts_in_window": len(self._failures) - 1, "batch": batch,
-                  "failed": sorted(set(self._stall_ids) if stalled else in_batch | set(failed)), "retried": retried}
-        text = f"the engine failed ({message}); the server restarted it" if not give_up else (
-            f"the engine failed ({message}); the server gave up restarting it")
-        for rid in failed:  # their blocks back to the old pool (kept for inspection when the loop gives up)
-            try:
-                engine.abort(rid)
-            except Exception:
-                pass
-        own = {o.request_id: o for o in error.outputs} if isinstance(error, _StepFailed) else {}
-        answers = [RequestOutput(rid, [], "", True, "error", error=f"request {rid!r} failed: {text}")
-                   for rid in failed if rid not in own]  # for the log; clients get ENGINE_RESTARTED
-        gone = [rid for rid in (self._stall_ids if stalled else ()) if rid in engine.requests]
-        # metrics and the log line first: a client that has its error finds both already written
-        self._observe_quietly(engine, answers + [RequestOutput(rid, [], "", True, "error", error=message)
-                                                 for rid in gone])
-        self._report(record)
-        for out in answers + list(own.values()):  # the step's own errors were observed by on_step
-            self._deliver(out, ENGINE_FAILED if give_up else ENGINE_RESTARTED)
-        if give_up:
-            self.error = (f"the engine failed {len(self._failures)} times within {self.restart_window:g} s, "
-                          f"the last time: {message}; the server is unready for good")
-            with self._cond:
-                self._submissions.extendleft(reversed(unadmitted))
-                self._pending += sum(len(s.requests) for s in unadmitted)
-            self._shut_down(engine, EngineDeadError(ENGINE_FAILED), "failed")
-            return None
-        with self._cond:
-            self.state = "restarting"
-        keep = {rid: (self._streams[rid], self._requests[rid]) for rid in retried}
-        self._streams, self._requests = {}, {}
-        try:
-            fresh = self.engine = self._make_engine()
-            for rid, (stream, request) in keep.items():
-                self._add(fresh, request)
-                self._streams[rid], self._requests[rid] = stream, request
-        except BaseException as e:
-            self.error = f"the engine could not be rebuilt after a failure: {type(e).__name__}: {e}"
-            self._report({"event": "engine_failure", "time": round(time.time(), 3), "error": self.error,
-                          "where": "rebuild", "action": "unready", "failed": sorted(keep)})
-            self._streams.update({rid: stream for rid, (stream, _) in keep.items()})
-            self._shut_down(None, EngineDeadError(ENGINE_FAILED), "failed")
-            return None
-        self.restarts += 1
-        with self._cond:
-            self._submissions.extendleft(reversed(unadmitted))
-            self._pending += sum(len(s.requests) for s in unadmitted)
-            self._stalled = False
-            self._stall_ids = []
-            self._engine_waiting = len(fresh.scheduler.waiting)
-            self.state = "draining" if self._draining else "ready"
-            self._cond.notify_all()
-        return fresh
-
-    @staticmethod
-    def _batch(engine: Engine, ids: list[str]) -> list[dict]:
-        """A failed step's batch: its requests' ids and token counts."""
-        out = []
-        for rid in ids:
-            r = engine.requests.get(rid)
-            if r is not None:
-                out.append({"request_id": rid, "prompt_tokens": len(r.prompt_ids),
-                            "computed_tokens": r.num_computed, "completion_tokens": len(r.output_ids)})
-        return out
+    # -- failures (the supervisor's tools) and fan-out ------------------------------------
 
     def _observe_quietly(self, engine: Engine | None, outputs: list[RequestOutput]) -> None:
         """``on_step`` for requests failed outside a normal step (the engine may be broken)."""
         if self._on_step is None or engine is None or not outputs:
             return
         try:
-            self._on_step(engine, outputs)
+            self._on_step(outputs, engine.step_stats([o.request_id for o in outputs]))
         except Exception:
             pass
 
@@ -804,68 +673,69 @@ class EngineLoop:
             except Exception:
                 pass
 
-    def _watch(self) -> None:
-        """The watchdog thread: declare the loop stalled when a step runs past ``step_timeout``."""
-        interval = min(self.step_timeout / 4, 1.0)
-        while True:
-            with self._cond:
-                if self._stopping or self.error is not None:
-                    return
-                self._cond.wait(interval)
-                started = self._step_started
-                if started is None or self._stalled or time.monotonic() - started <= self.step_timeout:
-                    continue
-                self._stalled = True
-                self.state = "stalled"
-                streams, self._streams = self._streams, {}
-                self._stall_ids = list(streams)
-                self._requests = {}
-                submissions, self._submissions = list(self._submissions), deque()
-                self._pending = 0
-            message = (f"the engine step did not return within {self.step_timeout:g} s (--step-timeout): "
-                       "the server is unready and failed every request in flight")
-            self.last_failure = message
-            error = EngineDeadError(message)
-            self._report({"event": "engine_failure", "time": round(time.time(), 3), "error": message,
-                          "where": "stall", "action": "unready", "failed": sorted(streams)})
-            for s in submissions:
-                _call_soon(s.stream.loop, _settle, s.accepted, error)
-            for stream in {id(s): s for s in streams.values()}.values():
-                _call_soon(stream.loop, stream.fail, error)
-
     def _fail_streams(self, engine: Engine, error: StreamError) -> None:
         """Abort every request in flight and end its stream with ``error`` (the drain timeout)."""
-        streams, self._streams, self._requests = self._streams, {}, {}
+        streams = self._take_streams()
         outputs = []
         for rid in streams:
             engine.abort(rid)
             outputs.append(RequestOutput(rid, [], "", True, "abort"))
-        for stream in {id(s): s for s in streams.values()}.values():
-            _call_soon(stream.loop, stream.put, error)
+        self._end_streams(streams.values(), error)
         self._observe_quietly(engine, outputs)
         for rid in streams:
             engine.release(rid)
 
-    def _shut_down(self, engine: Engine | None, error: EngineDeadError, state: str) -> None:
+    def _shut_down(self, engine: Engine | None, error: EngineDeadError, state: LoopState) -> None:
         """End every stream and pending submission with ``error``; free what the engine holds."""
         with self._cond:
             self._stopping = True
             self.state = state
-            submissions, self._submissions = list(self._submissions), deque()
-            self._pending = 0
+            submissions = self._take_submissions()
             self._cond.notify_all()
+        self._refuse(submissions, error)
+        streams = self._take_streams()
+        if engine is not None:  # the engine may be what broke; the streams must still end
+            self._abort_quietly(engine, streams)
+        self._end_streams(streams.values(), error)
+
+    def _take_submissions(self) -> list[_Submission]:
+        """Every pending submission, out of the queue (under ``_cond``)."""
+        submissions, self._submissions = list(self._submissions), deque()
+        self._pending -= sum(len(s.requests) for s in submissions)
+        return submissions
+
+    def _requeue(self, submissions: list[_Submission]) -> None:
+        """Put submissions taken by :meth:`_take_submissions` back at the front (under ``_cond``)."""
+        self._submissions.extendleft(reversed(submissions))
+        self._pending += sum(len(s.requests) for s in submissions)
+
+    def _take_streams(self) -> dict[str, ResponseStream]:
+        """Every stream in flight by request id; the loop then tracks none."""
+        streams, self._streams, self._requests = self._streams, {}, {}
+        return streams
+
+    @staticmethod
+    def _refuse(submissions: Iterable[_Submission], error: StreamError) -> None:
+        """Answer each submission's handler with ``error`` (on its event loop)."""
         for s in submissions:
             _call_soon(s.stream.loop, _settle, s.accepted, error)
-        streams, self._streams, self._requests = self._streams, {}, {}
-        for rid in streams:
-            if engine is not None:
-                try:
-                    engine.abort(rid)
-                except Exception:  # the engine may be what broke; the streams must still end
-                    pass
-        for stream in {id(s): s for s in streams.values()}.values():
-            _call_soon(stream.loop, stream.put, error)
+
+    @staticmethod
+    def _end_streams(streams: Iterable[ResponseStream], error: StreamError, fail: bool = False) -> None:
+        """Hand ``error`` to each stream once (a stream serves several requests): after what it holds,
+        or with ``fail`` before it."""
+        for stream in {id(s): s for s in streams}.values():
+            _call_soon(stream.loop, stream.fail if fail else stream.put, error)
+
+    @staticmethod
+    def _abort_quietly(engine: Engine, request_ids: Iterable[str]) -> None:
+        """Abort each request, whatever the (possibly broken) engine raises."""
+        for rid in request_ids:
+            try:
+                engine.abort(rid)
+            except Exception:
+                pass
 
 
-__all__ = ["ENGINE_FAILED", "ENGINE_RESTARTED", "REQUEST_FAILED", "EngineDeadError", "EngineLoop", "EngineRequest",
+__all__ = ["ENGINE_FAILED", "REQUEST_FAILED", "EngineDeadError", "EngineLoop", "EngineRequest", "LoopState",
            "QueueFullError", "RequestTimeoutError", "ResponseStream", "SlowConsumerError", "StreamError"]

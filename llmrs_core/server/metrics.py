@@ -47,10 +47,10 @@ start, at 0: an alert on an idle replica has a series to read.
 
 Every app gets its own registry (never the process-global one), so tests and
 notebooks can run several servers in one process. :meth:`ServerMetrics.observe_step`
-is called in the engine-loop thread after each iteration: it reads the engine
-(``Engine.request_metrics``, the scheduler's queues, the block pool, the prefix
-cache's counters) and updates the metrics; ``prometheus_client`` metrics are
-thread-safe, so ``/metrics`` reads them from the event loop.
+is called in the engine-loop thread after each iteration with its outputs and the
+engine's :class:`~llmrs_core.engine.StepStats` (the queues, the block pool, the prefix
+cache's counters, each request's sizes and times) and updates the metrics;
+``prometheus_client`` metrics are thread-safe, so ``/metrics`` reads them from the event loop.
 
 By default TTFT, inter-token gaps and the token counters are observed as the
 tokens come (a dashboard sees a long request's tokens before it ends).
@@ -71,7 +71,7 @@ from typing import Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from ..engine import Engine, RequestOutput
+from ..engine import RequestOutput, StepStats
 from ..engine.engine import RequestMetrics
 
 # vLLM's buckets (vllm/v1/metrics/loggers.py)
@@ -267,75 +267,72 @@ class ServerMetrics:
             self.prefill_time.labels(**label), self.decode_time.labels(**label),
             self.request_prompt_tokens.labels(**label), self.request_generation_tokens.labels(**label))
 
-    def observe_step(self, engine: Engine, outputs: list[RequestOutput]) -> None:
-        """Update from one engine-loop iteration (runs in the loop thread, before finished
-        requests are released). ``outputs`` includes the iteration's aborts."""
+    def observe_step(self, outputs: list[RequestOutput], stats: StepStats) -> None:
+        """Update from one engine-loop iteration (runs in the loop thread). ``outputs`` includes
+        the iteration's aborts; ``stats`` is the engine after it, with each output's request."""
         label = self._label
-        sched = engine.scheduler
-        self.running.labels(**label).set(len(sched.running))
-        self.waiting.labels(**label).set(len(sched.waiting))
-        held = set().union(*engine.cache.tables.values())  # blocks in some request's table
-        self.kv_usage.labels(**label).set(len(held) / engine.cache.allocator.num_blocks)
-        self._observe_engine_counters(engine)
+        self.running.labels(**label).set(stats.num_running)
+        self.waiting.labels(**label).set(stats.num_waiting)
+        self.kv_usage.labels(**label).set(stats.kv_cache_usage)
+        self._observe_engine_counters(stats)
         recorder = self._recorder
         for out in outputs:
             if recorder is not None:
                 if out.finished:
-                    self._finish_with(recorder, engine, out)
+                    self._finish_with(recorder, stats, out)
                     self._finished(out.request_id)
                 continue
             self.generation_tokens.labels(**label).inc(len(out.new_token_ids))
-            m = engine.request_metrics(out.request_id)
+            m = stats.requests[out.request_id].timing
             if out.finish_reason not in ("abort", "error") and m.token_times:
                 if len(m.token_times) == 1:  # this step sampled the request's first token
                     if self._counts_prompt(out.request_id):
-                        self.prompt_tokens.labels(**label).inc(len(engine.requests[out.request_id].prompt_ids))
+                        self.prompt_tokens.labels(**label).inc(stats.requests[out.request_id].prompt_tokens)
                     self.ttft.labels(**label).observe(m.ttft)
                 else:
                     self.itl.labels(**label).observe(m.token_times[-1] - m.token_times[-2])
             if out.finished:
                 self.success.labels(**label, finished_reason=out.finish_reason).inc()
                 if out.finish_reason in COMPLETE:
-                    self._observe_finished(engine, out.request_id)
+                    self._observe_finished(stats, out.request_id)
                 self._finished(out.request_id)
 
-    def _finish_with(self, recorder: FinishedRequestRecorder, engine: Engine, out: RequestOutput) -> None:
+    def _finish_with(self, recorder: FinishedRequestRecorder, stats: StepStats, out: RequestOutput) -> None:
         label = self._label
-        request = engine.requests[out.request_id]
-        timing = engine.request_metrics(out.request_id)
+        request = stats.requests[out.request_id]
+        timing = request.timing
         self.success.labels(**label, finished_reason=out.finish_reason).inc()
         if out.finish_reason in COMPLETE:
             metric_set = self.request_metric_set()
             if not self._counts_prompt(out.request_id):  # another choice of its prompt counted the prompt
                 metric_set = dataclasses.replace(metric_set, prompt_tokens=self._uncounted)
             try:
-                recorder(metric_set, timing, len(request.prompt_ids), tuple(request.output_ids))
+                recorder(metric_set, timing, request.prompt_tokens, request.output_token_ids)
             except Exception as e:  # name the plugged-in code (Exercise 12.7), not "the engine loop failed"
                 raise RecorderError(f"the finished-request recorder (record_at_finish: Exercise 12.7's "
                                     f"record_finished_request) raised {type(e).__name__}: {e}, on request "
                                     f"{out.request_id!r}") from e
         else:  # what the streaming path counts for an aborted or failed request
-            self.generation_tokens.labels(**label).inc(len(request.output_ids))
-            if request.output_ids and self._counts_prompt(out.request_id):
-                self.prompt_tokens.labels(**label).inc(len(request.prompt_ids))
+            self.generation_tokens.labels(**label).inc(len(request.output_token_ids))
+            if request.output_token_ids and self._counts_prompt(out.request_id):
+                self.prompt_tokens.labels(**label).inc(request.prompt_tokens)
 
-    def _observe_finished(self, engine: Engine, request_id: str) -> None:
+    def _observe_finished(self, stats: StepStats, request_id: str) -> None:
         label = self._label
-        m = engine.request_metrics(request_id)
-        request = engine.requests[request_id]
+        request = stats.requests[request_id]
+        m = request.timing
         self.e2e.labels(**label).observe(m.e2e)
         self.queue_time.labels(**label).observe(m.queue_time)
         self.prefill_time.labels(**label).observe(m.prefill_time)
         self.decode_time.labels(**label).observe(m.decode_time)
-        self.request_prompt_tokens.labels(**label).observe(len(request.prompt_ids))
-        self.request_generation_tokens.labels(**label).observe(len(request.output_ids))
+        self.request_prompt_tokens.labels(**label).observe(request.prompt_tokens)
+        self.request_generation_tokens.labels(**label).observe(len(request.output_token_ids))
 
-    def _observe_engine_counters(self, engine: Engine) -> None:
+    def _observe_engine_counters(self, stats: StepStats) -> None:
         """Preemptions and prefix-cache lookups: the engine counts them; add what is new."""
-        pc = engine.prefix_cache
-        now = (engine.scheduler.num_preemptions, pc.lookup_tokens if pc else 0, pc.hit_tokens if pc else 0)
-        if self._engine_id != id(engine):  # a new engine counts from zero
-            self._engine_id, self._seen = id(engine), (0, 0, 0)
+        now = (stats.num_preemptions, stats.prefix_cache_queries, stats.prefix_cache_hits)
+        if self._engine_id != stats.engine_id:  # a new engine counts from zero
+            self._engine_id, self._seen = stats.engine_id, (0, 0, 0)
         label = self._label
         for metric, before, after in zip((self.preemptions, self.prefix_queries, self.prefix_hits), self._seen, now):
             if after > before:

@@ -29,7 +29,7 @@ from typing import TextIO
 from opentelemetry import trace
 from opentelemetry.context import Context
 
-from ..engine import Engine, RequestOutput
+from ..engine import RequestOutput, StepStats
 from .tracing import PerfClock, record_request_spans
 
 
@@ -77,18 +77,18 @@ class RequestObserver:
 
     # -- the engine loop's side -------------------------------------------------------------
 
-    def observe_step(self, engine: Engine, outputs: list[RequestOutput]) -> None:
+    def observe_step(self, outputs: list[RequestOutput], stats: StepStats) -> None:
         for out in outputs:
             if out.finished:
                 with self._lock:
                     ctx = self._contexts.pop(out.request_id, None)
                 if ctx is not None:
-                    self._finish(engine, out, ctx)
+                    self._finish(stats, out, ctx)
 
-    def _finish(self, engine: Engine, out: RequestOutput, ctx: RequestContext) -> None:
-        m = engine.request_metrics(out.request_id)
-        request = engine.requests[out.request_id]
-        prompt_tokens, completion_tokens = len(request.prompt_ids), len(request.output_ids)
+    def _finish(self, stats: StepStats, out: RequestOutput, ctx: RequestContext) -> None:
+        request = stats.requests[out.request_id]
+        m = request.timing
+        prompt_tokens, completion_tokens = request.prompt_tokens, len(request.output_token_ids)
         reason = out.finish_reason
         attributes = {"gen_ai.request.model": self.model_name, "llmrs.request_id": out.request_id,
                       "gen_ai.usage.input_tokens": prompt_tokens, "gen_ai.usage.output_tokens": completion_tokens,
@@ -105,7 +105,7 @@ class RequestObserver:
             line["error"] = out.error
         if self.log_prompts:
             line["prompt"] = ctx.prompt
-            line["output"] = engine.completion(out.request_id).text
+            line["output"] = request.text
         self._write(line)
 
     def log_event(self, line: dict) -> None:
