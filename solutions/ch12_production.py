@@ -7,7 +7,7 @@ __all__: list[str] = []
 
 # -- Exercise 12.6 ----------------------------------------------------------------------
 
-from llmrs_core.server.entrypoint import check_serve_environment  # noqa: E402
+from llmrs_core.ops.entrypoint import check_serve_environment  # noqa: E402
 
 __all__ += ["check_serve_environment"]
 

@@ -13,7 +13,7 @@ One idea per module:
 * :mod:`.report` — ``llmrs ab report``: quality, latency and cost of the variants, decided;
 * :mod:`.launch` — ``llmrs ab serve``: one ``llmrs serve`` per variant, and the router.
 
-The router itself is :mod:`llmrs_core.server.router` (it needs the ``serve`` extra).
+The router itself is :mod:`llmrs_core.ab.router` (it needs the ``serve`` extra).
 """
 
 from .assign import check_weights, user_bucket, user_hash  # (the function assign: from .assign import assign)

@@ -10,7 +10,6 @@ One idea per module:
 * :mod:`.metrics` — Prometheus metrics with vLLM's names (``llmrs:`` prefix) and buckets;
 * :mod:`.tracing` — OpenTelemetry spans per request (queued, prefill, decode), W3C ``traceparent``;
 * :mod:`.request_log` — one JSON log line per finished request, and the hook that writes its spans;
-* :mod:`.observe` — ``make observe``: a real Prometheus scrapes the server and agrees with its usage;
 * :mod:`.app` — ``create_app(model)``: the FastAPI routes, errors, auth, cancellation;
 * :mod:`.encode_pool` — the threads that encode prompts, of their own, short text apart from long;
 * :mod:`.limits` — what one connection may take: read timeouts, header size, concurrency;
