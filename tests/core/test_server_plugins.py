@@ -17,8 +17,8 @@ openai = pytest.importorskip("openai")
 pytest.importorskip("fastapi")
 
 import llmrs_core as llmrs  # noqa: E402
-from llmrs_core.server import BackgroundServer, create_app  # noqa: E402
 from llmrs_core.ops.entrypoint import EX_CONFIG  # noqa: E402
+from llmrs_core.server import BackgroundServer, create_app  # noqa: E402
 from llmrs_core.testing import write_tiny_llama  # noqa: E402
 
 WAIT = 30.0
