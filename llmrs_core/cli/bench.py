@@ -159,10 +159,7 @@ def _bench_throughput(args: argparse.Namespace) -> int:
 
     result |= {"backend": model.backend_report().splitlines()[0], "threads": args.threads, "machine": machine(),
                "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-    if args.json:
-        print(json.dumps(result, indent=2))
-    else:
-        print(format_throughput(result))
+    print(json.dumps(result, indent=2) if args.json else format_throughput(result))
     return 0
 
 

