@@ -297,7 +297,7 @@ bench-serve: fetch
 # 8 chat completions; Prometheus's query API must agree with the responses' usage
 observe: fetch
 	@deploy/need.sh prometheus:prometheus
-	@start=$$(date +%s); $(SINGLE_THREAD) $(PY) -m llmrs_core.server.observe; rc=$$?; \
+	@start=$$(date +%s); $(SINGLE_THREAD) $(PY) -m llmrs_core.ops.observe; rc=$$?; \
 	echo "make observe: $$(( $$(date +%s) - start )) s"; exit $$rc
 
 # the image, with SmolLM2 baked in (TARGET=runtime: without; BASE=python:3.12-slim where a

@@ -8,7 +8,6 @@ tests, notebooks and the ``llmrs`` CLI all use.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import os
 from collections import Counter
@@ -21,12 +20,12 @@ import numpy as np
 from .backends import BACKENDS, DEFAULT_BACKEND, get_backend
 from .distributed.communicator import Communicator
 from .distributed.plan import StepPlan
-from .family_config import family_features
 from .fetch import default_model_path, fetch_model
 from .formats.gguf import read_gguf
 from .formats.hf import HFWeights
 from .formats.source import WeightSource
 from .generate import Completion, generate_ids
+from .info import summary
 from .memory import check_host_allocation
 from .model import LlamaModel, check_tensors, resident_bytes
 from .quant.registry import check_computable
@@ -234,38 +233,12 @@ class Model:
         return sum(t.n_elements for t in self.gguf.tensors.values())
 
     def summary(self, context_length: int | None = None) -> dict:
-        """Everything ``llmrs info`` prints, as a JSON-ready dict.
+        """Everything ``llmrs info`` prints, as a JSON-ready dict: :func:`llmrs_core.info.summary`.
 
         KV-cache figures are for f16 K/V at ``context_length`` tokens
         (default: the model's trained context length).
         """
-        cfg = self.config
-        ctx = cfg.context_length if context_length is None else context_length
-        return {
-            "name": self.name,
-            "path": str(self.path),
-            "architecture": cfg.architecture,
-            "family_features": family_features(cfg, self.gguf.tensors),
-            "config": dataclasses.asdict(cfg),
-            "params": {**cfg.param_counts(), "total": cfg.n_params},
-            "stored_params": self.stored_params(),
-            "file_bytes": self.file_bytes(),
-            "tensor_bytes": sum(t.n_bytes for t in self.gguf.tensors.values()),
-            "tensor_types": self.tensor_types(),
-            "weight_bytes_by_format": {
-                fmt: cfg.weight_bytes(fmt) for fmt in ("f32", "f16", "q8_0", "q4_1", "q4_0")
-            },
-            "kv_cache": {
-                "dtype": "f16",
-                "bytes_per_token": cfg.kv_bytes_per_token("f16"),
-                "context_length": ctx,
-                "bytes_for_context": cfg.kv_cache_bytes(ctx, "f16"),
-            },
-            "flops_per_token": {
-                "context_0": cfg.flops_per_token(0),
-                f"context_{ctx}": cfg.flops_per_token(ctx),
-            },
-        }
+        return summary(self, context_length)
 
     def __repr__(self) -> str:
         return f"Model({self.name!r}, {self.config.n_params:,} params, backend={self.backend!r})"

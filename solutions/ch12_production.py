@@ -7,7 +7,7 @@ __all__: list[str] = []
 
 # -- Exercise 12.6 ----------------------------------------------------------------------
 
-from llmrs_core.server.entrypoint import check_serve_environment  # noqa: E402
+from llmrs_core.ops.entrypoint import check_serve_environment  # noqa: E402
 
 __all__ += ["check_serve_environment"]
 
@@ -35,8 +35,8 @@ def le_buckets(bounds: Sequence[float], values: Sequence[float]) -> list[tuple[f
 # -- Exercise 12.8 ----------------------------------------------------------------------
 
 from llmrs_core.ab.assign import assign as _assign  # noqa: E402
-from llmrs_core.ab.stats import bootstrap_diff_ci as _bootstrap_diff_ci  # noqa: E402
-from llmrs_core.ab.stats import mann_whitney_u as _mann_whitney_u  # noqa: E402
+from llmrs_core.bench.stats import bootstrap_diff_ci as _bootstrap_diff_ci  # noqa: E402
+from llmrs_core.bench.stats import mann_whitney_u as _mann_whitney_u  # noqa: E402
 
 __all__ += ["assign_variant", "bootstrap_diff_ci", "mann_whitney_u"]
 

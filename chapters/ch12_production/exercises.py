@@ -16,7 +16,7 @@ __all__: list[str] = []
 # (section 12.6)
 #
 # The container's entrypoint reads its configuration from environment variables and stops at once,
-# naming each variable at fault, when one is wrong. What you get (llmrs_core.server.entrypoint):
+# naming each variable at fault, when one is wrong. What you get (llmrs_core.ops.entrypoint):
 #
 #   ServeSettings(model: Path, host: str, port: int, threads: int | None, backend: str)
 #   ServeEnvironmentError(problems: list[str])   a ValueError; one sentence per problem, each
@@ -32,7 +32,7 @@ from pathlib import Path  # noqa: E402, F401
 
 from llmrs_core.backends import BACKENDS, DEFAULT_BACKEND  # noqa: E402, F401
 from llmrs_core.formats.gguf import GGUF_MAGIC  # noqa: E402, F401
-from llmrs_core.server.entrypoint import (  # noqa: E402, F401
+from llmrs_core.ops.entrypoint import (  # noqa: E402, F401
     DEFAULT_HOST,
     DEFAULT_MODEL,
     DEFAULT_PORT,

@@ -40,8 +40,8 @@ def run_ab(variants: Sequence[VariantSpec], upstreams: Sequence[Upstream], *, ho
            say: Callable[[str], None] = lambda line: print(line, file=sys.stderr, flush=True)) -> None:
     """Start the variants' servers, serve the router until SIGTERM or Ctrl-C, stop them all."""
     from ..bench.serve_compare import ManagedServer
-    from ..server.router import create_router
     from ..server.serve import serve
+    from .router import create_router
 
     check_variants([*variants, *upstreams])
     if threads is None and variants:  # the children share the cores rather than each taking all

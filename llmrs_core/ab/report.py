@@ -13,8 +13,8 @@ cost       tokens/s per request (completion tokens / E2E)          Mann-Whitney 
 =========  =====================================================  ==============================
 
 Every comparison is B minus A, A being the first variant (the baseline), and
-says "not enough data" when the data cannot decide (:func:`~.stats.compare`):
-fewer than :data:`~.stats.MIN_N` observations, or no significant difference with
+says "not enough data" when the data cannot decide (:func:`~llmrs_core.bench.stats.compare`):
+fewer than :data:`~llmrs_core.bench.stats.MIN_N` observations, or no significant difference with
 fewer observations than it takes to detect the effect of interest. Quality is
 deterministic for a given model and text; its CI says how much the difference
 would move on other text like this one (tokens treated as independent, which
@@ -29,9 +29,9 @@ from pathlib import Path
 
 import numpy as np
 
+from ..bench.stats import compare
 from .quality import GOLDEN, HELDOUT, default_path, greedy_agreement, load_golden, text_logprobs
 from .record import RequestRecord
-from .stats import compare
 from .variants import VariantSpec
 
 #: the smallest differences worth detecting, in each metric's units (latency: relative to A's median)

@@ -1,7 +1,7 @@
 """Tensor- and pipeline-parallel decode under real ranks, and its share of communication (chapter 11).
 
 ``bench all``'s ``dist`` benchmark (:class:`~.suite.DistBench`) launches
-``python -m llmrs_core.distributed.profile`` once per layout (:func:`layouts`):
+``python -m llmrs_core.ops.profile`` once per layout (:func:`layouts`):
 
 * one process (the baseline: no communicator calls);
 * tensor parallel over the smallest size that splits the model
@@ -20,7 +20,7 @@ it runs the prompt and ``(repetitions + 1) * tokens`` greedy decode steps, and
 
 * decode tokens/s: ``tokens`` over the seconds rank 0's steps of the group took;
 * the share of decode time spent communicating: per rank,
-  :func:`~llmrs_core.distributed.timeline.summarise` of the group's steps (time inside a
+  :func:`~llmrs_core.ops.timeline.summarise` of the group's steps (time inside a
   collective is transfer *plus waiting* for the slowest rank), averaged over the ranks.
 
 Later groups attend over a few dozen more cached positions than earlier ones: next to
@@ -45,7 +45,7 @@ LAUNCH_TIMEOUT = 300
 #: what every rank (and the baseline) runs with: one thread each, so that a split's ranks and the
 #: baseline ask for cores the same way
 ONE_THREAD = {"NUMBA_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-PROFILE = ["-m", "llmrs_core.distributed.profile"]
+PROFILE = ["-m", "llmrs_core.ops.profile"]
 
 
 class LaunchFailed(RuntimeError):
@@ -174,7 +174,7 @@ def decode_repetitions(profile: dict, per_repetition: int, warm_up: int = 1) -> 
     every kept step]}``: per group, ``per_repetition`` over the seconds rank 0's steps took, and
     the share of the steps' time each rank spent in communicator calls, averaged over the ranks.
     """
-    from ..distributed.timeline import Event, summarise
+    from ..ops.timeline import Event, summarise
 
     if per_repetition < 1:
         raise ValueError(f"a repetition needs at least one decode step, got {per_repetition}")

@@ -8,8 +8,11 @@
 * :mod:`.shard`: :class:`ShardSource`, the part of a model one rank keeps;
 * :mod:`.plan`: the :class:`StepPlan` a :class:`~llmrs_core.model.LlamaModel` calls at
   its four communication points;
-* :mod:`.launch`: checking a launch, sharding, agreeing that every rank loaded;
-* :mod:`.timeline`: a communicator that records how long each operation took.
+* :mod:`.launch`: checking a launch, sharding, agreeing that every rank loaded.
+
+The tooling around them lives beside the CLI: :mod:`llmrs_core.cli.ranks` (``llmrs generate
+--tp/--pp`` on each rank), :mod:`llmrs_core.ops.profile` and :mod:`llmrs_core.ops.timeline`
+(the per-rank timeline).
 
 An NCCL communicator (CuPy) is not built: this engine's distributed runs are CPU
 processes under MPI.

@@ -12,7 +12,6 @@ One idea per module:
 * :mod:`.metrics` — Prometheus metrics with vLLM's names (``llmrs:`` prefix) and buckets;
 * :mod:`.tracing` — OpenTelemetry spans per request (queued, prefill, decode), W3C ``traceparent``;
 * :mod:`.request_log` — one JSON log line per finished request, and the hook that writes its spans;
-* :mod:`.observe` — ``make observe``: a real Prometheus scrapes the server and agrees with its usage;
 * :mod:`.app` — ``create_app(model)``: wires the state, middleware, error handlers and routers;
 * :mod:`.routes` — the routes by concern (generation, tokens, probes), reading ``request.app.state``;
 * :mod:`.body` — reading a request's JSON body, bounded (``read_json``, ``read_json_object``);

@@ -40,7 +40,7 @@ from opentelemetry.trace import TracerProvider
 from ..engine import Engine, RequestOutput, StepStats
 from ..loader import Model
 from ..tokenizer import Tokenizer
-from .body import MAX_BODY_BYTES, read_json
+from .body import MAX_BODY_BYTES
 from .encode_pool import EncodePool
 from .limits import HeaderLimits
 from .loop import EngineLoop
@@ -177,5 +177,4 @@ def _warm_up_engine(model: Model, block_size: int) -> None:
         pass
 
 
-# the A/B router (llmrs_core/server/router.py) imports MAX_BODY_BYTES and read_json from here
-__all__ = ["DEFAULT_MAX_QUEUE", "DEFAULT_STREAM_BUFFER", "MAX_BODY_BYTES", "create_app", "read_json"]
+__all__ = ["DEFAULT_MAX_QUEUE", "DEFAULT_STREAM_BUFFER", "create_app"]

@@ -77,7 +77,7 @@ def run_in(image: str, env: dict[str, str], *args: str) -> subprocess.CompletedP
 
 
 def test_ex12_6_container_with_a_bad_environment_stops_at_once(ex, learner_image):
-    from llmrs_core.server.entrypoint import ServeEnvironmentError
+    from llmrs_core.ops.entrypoint import ServeEnvironmentError
 
     with pytest.raises(ServeEnvironmentError):  # in-process first: a stub or a crash shows here, in seconds
         ex.check_serve_environment({"LLMRS_PORT": "0"}, 1)
@@ -89,7 +89,7 @@ def test_ex12_6_container_with_a_bad_environment_stops_at_once(ex, learner_image
 
 
 def test_ex12_6_container_with_its_own_environment_serves(ex, learner_image):
-    from llmrs_core.server.entrypoint import ServeEnvironmentError
+    from llmrs_core.ops.entrypoint import ServeEnvironmentError
 
     with pytest.raises(ServeEnvironmentError):  # in-process first, as above
         ex.check_serve_environment({"LLMRS_MODEL": str(ROOT / "no-such-model.gguf")}, 1)

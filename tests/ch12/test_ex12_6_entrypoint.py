@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from llmrs_core.backends import BACKENDS
-from llmrs_core.server.entrypoint import (
+from llmrs_core.ops.entrypoint import (
     DEFAULT_BACKEND,
     DEFAULT_HOST,
     DEFAULT_PORT,
@@ -190,7 +190,7 @@ def test_ex12_6_the_entrypoint_runs_your_check_in_a_process_of_its_own(ex, gguf)
     import sys
 
     check(ex, {"LLMRS_MODEL": str(gguf)})  # in-process first: a stub or a crash shows here
-    command = [sys.executable, "-m", "llmrs_core.server.entrypoint", "--checker", ex.__file__, "--check-only"]
+    command = [sys.executable, "-m", "llmrs_core.ops.entrypoint", "--checker", ex.__file__, "--check-only"]
     env = {**os.environ, "LLMRS_MODEL": str(gguf), "LLMRS_PORT": "0", "LLMRS_THREADS": "0"}
     bad = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
     assert bad.returncode == 78, (f"with a bad environment the container's entrypoint should exit with 78 "

@@ -18,14 +18,15 @@ import numpy as np
 
 import llmrs_core as llmrs
 from llmrs_core.cli import main
-from llmrs_core.distributed.ranks import launcher_rank
+from llmrs_core.cli.ranks import launcher_rank
 
 
 def fail_mid_run(argv: list[str]) -> int:
     """``--fail-on-rank R CLI ARGS``: ``llmrs CLI ARGS`` through the engine's own rank runner, where rank
     ``R`` raises after loading while the others go on into the generation's collectives."""
-    from llmrs_core.cli import _generate, build_parser
-    from llmrs_core.distributed.ranks import run_on_ranks
+    from llmrs_core.cli import build_parser
+    from llmrs_core.cli.generate import generate_with
+    from llmrs_core.cli.ranks import run_on_ranks
 
     rank = int(argv[0])
     args = build_parser().parse_args(argv[1:])
@@ -33,7 +34,7 @@ def fail_mid_run(argv: list[str]) -> int:
     def body(args, model):
         if launcher_rank() == rank:
             raise RuntimeError(f"rank {rank} was told to fail")
-        return _generate(args, model)
+        return generate_with(args, model)
 
     return run_on_ranks(args, body)
 

@@ -21,9 +21,9 @@ httpx = pytest.importorskip("httpx")
 from llmrs_core import load  # noqa: E402
 from llmrs_core.ab.assign import assign  # noqa: E402
 from llmrs_core.ab.record import RequestRecord  # noqa: E402
+from llmrs_core.ab.router import VARIANT_HEADER, create_router  # noqa: E402
 from llmrs_core.ab.variants import Upstream  # noqa: E402
 from llmrs_core.server import BackgroundServer, create_app  # noqa: E402
-from llmrs_core.server.router import VARIANT_HEADER, create_router  # noqa: E402
 from llmrs_core.testing import write_tiny_llama  # noqa: E402
 
 WAIT = 60.0

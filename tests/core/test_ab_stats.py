@@ -11,7 +11,7 @@ import math
 import numpy as np
 import pytest
 
-from llmrs_core.ab.stats import (
+from llmrs_core.bench.stats import (
     MIN_N,
     bootstrap_diff_ci,
     compare,

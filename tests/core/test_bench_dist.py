@@ -1,6 +1,6 @@
 """``bench all``'s ``dist`` and ``quant`` benchmarks (chapters 11 and 6) on tiny models.
 
-``dist``: the summaries are checked on a profile made here by ``llmrs_core.distributed.profile``
+``dist``: the summaries are checked on a profile made here by ``llmrs_core.ops.profile``
 itself (one process, no mpiexec), against sums of its step and event times written in the test;
 then one real run of the benchmark under ``mpiexec`` (skipped without it): three launches of the
 tiny model on the Numba backend (the profile's; one thread a rank). The all-reduce count of a tensor-parallel step is the reference
@@ -29,8 +29,8 @@ from llmrs_core.bench.dist import (
 )
 from llmrs_core.bench.report import markdown, raw_table
 from llmrs_core.bench.suite import DistBench, Plan, QuantBench, run_all
-from llmrs_core.distributed import profile
 from llmrs_core.formats.gguf import read_gguf, write_gguf
+from llmrs_core.ops import profile
 from llmrs_core.testing import (
     TINY_TEXT_LLAMA,
     byte_level_tokenizer_metadata,
@@ -185,7 +185,7 @@ def test_the_dist_benchmark_under_mpiexec(text_model):
     assert not any("differ" in n for n in outcome.notes), outcome.notes
     assert len(outcome.raw["table"]["rows"]) == 1 + 2 + 2
     command = outcome.raw["layouts"]["tp 2"]["command"]
-    assert "NUMBA_NUM_THREADS=1 " in command and " mpiexec -n 2 python -m llmrs_core.distributed.profile " in command
+    assert "NUMBA_NUM_THREADS=1 " in command and " mpiexec -n 2 python -m llmrs_core.ops.profile " in command
 
 
 def test_the_quant_benchmark_gives_a_table_and_the_report_prints_it(text_model, tmp_path):

@@ -13,8 +13,8 @@ import textwrap
 import pytest
 
 from llmrs_core.ab import assign as ab_assign
-from llmrs_core.ab import stats as ab_stats
-from llmrs_core.server import entrypoint
+from llmrs_core.bench import stats as ab_stats
+from llmrs_core.ops import entrypoint
 from llmrs_core.server import metrics as server_metrics
 from llmrs_core.testing import chapter_tests, plant, solution_with, write_tiny_llama
 from llmrs_core.testing import failure_message as failure
@@ -247,8 +247,7 @@ AB_MISTAKES = {
                                  ("skewed latencies",), "no continuity correction"),
     "a one-sided p": (u_of(("2 * (1 - _N.cdf(z))", "(1 - _N.cdf(z))")), T128.test_ex12_8_mann_whitney_u_matches_scipy,
                       ("skewed latencies",), "a one-sided p"),
-    "A minus B": (ci_of(("diffs = np.array([stat(b[j]) - stat(a[i]) for i, j in zip(ia, ib)])",
-                         "diffs = np.array([stat(a[i]) - stat(b[j]) for i, j in zip(ia, ib)])")),
+    "A minus B": (ci_of(("diffs = sb - sa", "diffs = sa - sb")),
                   T128.test_ex12_8_bootstrap_ci_matches_scipy, ("two normals",), "is of mean(a) - mean(b)"),
     "the seed not used": (ci_of(("rng = np.random.default_rng(seed)", "rng = np.random.default_rng()")),
                           T128.test_ex12_8_bootstrap_ci_is_reproducible_and_narrows_with_confidence, (),

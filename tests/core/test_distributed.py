@@ -241,7 +241,7 @@ def test_tp_without_mpiexec_says_how_to_launch(monkeypatch):
 def test_a_decode_step_all_reduces_two_vectors_per_layer_and_the_embedding(tiny):
     """Megatron's count: one all-reduce after o_proj and one after down in every layer, one after the
     vocab-parallel embedding: (2 * layers + 1) * hidden * 4 bytes per decoded token."""
-    from llmrs_core.distributed.timeline import TimedCommunicator, summarise
+    from llmrs_core.ops.timeline import TimedCommunicator, summarise
 
     def body(comm):
         timed = TimedCommunicator(comm)

@@ -12,8 +12,8 @@ pytest.importorskip("openai")
 pytest.importorskip("fastapi")
 
 import llmrs_core as llmrs  # noqa: E402
+from llmrs_core.ops.observe import Prometheus, prometheus_missing, scrape_check, scrape_config, send_load  # noqa: E402
 from llmrs_core.server import BackgroundServer, create_app  # noqa: E402
-from llmrs_core.server.observe import Prometheus, prometheus_missing, scrape_check, scrape_config, send_load  # noqa: E402
 from llmrs_core.testing import write_tiny_llama  # noqa: E402
 
 MISSING = prometheus_missing()

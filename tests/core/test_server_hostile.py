@@ -545,9 +545,9 @@ def test_prompt_tokens_total_counts_a_prompt_with_n_choices_once(shared_model, r
 
 
 def test_scrape_check_counts_choices_with_n_greater_than_1(shared_model, monkeypatch):
-    """`make observe`'s check (llmrs_core.server.observe) on a load with n=2 requests, its PromQL answered
+    """`make observe`'s check (llmrs_core.ops.observe) on a load with n=2 requests, its PromQL answered
     from the server's own /metrics (no Prometheus binary needed)."""
-    from llmrs_core.server import observe
+    from llmrs_core.ops import observe
 
     app, background, _ = serve(shared_model)
     with background as url:

@@ -18,13 +18,10 @@ MAX_FUNCTION_LINES = 80
 #: the engine's internals the server must not read (``Engine.step_stats`` has what it needs)
 ENGINE_INTERNALS = {"scheduler", "prefix_cache", "tables"}
 FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef)
-#: files in the folder that are not the server, while they are still there: issue 31 (item 5)
-#: moves the A/B router to llmrs_core/ab; drop the entry once it has moved
-NOT_THE_SERVER = {"router.py"}
 
 
 def server_modules() -> list[Path]:
-    return sorted(p for p in SERVER.rglob("*.py") if p.relative_to(SERVER).as_posix() not in NOT_THE_SERVER)
+    return sorted(SERVER.rglob("*.py"))
 
 
 def parsed(path: Path) -> ast.Module:

@@ -17,8 +17,8 @@ openai = pytest.importorskip("openai")
 pytest.importorskip("fastapi")
 
 import llmrs_core as llmrs  # noqa: E402
+from llmrs_core.ops.entrypoint import EX_CONFIG  # noqa: E402
 from llmrs_core.server import BackgroundServer, create_app  # noqa: E402
-from llmrs_core.server.entrypoint import EX_CONFIG  # noqa: E402
 from llmrs_core.testing import write_tiny_llama  # noqa: E402
 
 WAIT = 30.0
@@ -71,7 +71,7 @@ def test_a_writer_that_yields_text_is_named_in_the_servers_log(model, capfd):
 def test_a_broken_checker_is_one_line_naming_it(tmp_path, body, says):
     checker = tmp_path / "exercises.py"
     checker.write_text(body)
-    done = subprocess.run([sys.executable, "-m", "llmrs_core.server.entrypoint", "--checker", str(checker),
+    done = subprocess.run([sys.executable, "-m", "llmrs_core.ops.entrypoint", "--checker", str(checker),
                            "--check-only"], capture_output=True, text=True, timeout=60)
     assert done.returncode == EX_CONFIG, done.stderr
     line = done.stderr.strip()

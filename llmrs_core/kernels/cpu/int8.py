@@ -58,8 +58,8 @@ from numba.extending import intrinsic
 from ...quant.kquants import q4_k_parts, q6_k_parts
 from ...quant.kquants_low import q3_k_parts
 from .activations import activation_scheme, quantize_activations
-from .inspect import target_declares, target_lacks
 from .packing import BLOCK, LANES, PackedMatrix
+from .target import target_declares, target_lacks
 
 # --- The intrinsics ----------------------------------------------------------------------------
 # They live in this file, not a module of their own, because Numba's on-disk cache of a kernel

@@ -1,6 +1,6 @@
-"""``python -m llmrs_core.distributed.profile``: a split model's per-rank timeline (chapter 11).
+"""``python -m llmrs_core.ops.profile``: a split model's per-rank timeline (chapter 11).
 
-Run under ``mpiexec`` (``mpiexec -n 3 python -m llmrs_core.distributed.profile --tp 3 --out t.json``),
+Run under ``mpiexec`` (``mpiexec -n 3 python -m llmrs_core.ops.profile --tp 3 --out t.json``),
 or without ``--tp``/``--pp`` for the one-process baseline. Every rank loads its shard, warms
 up, runs the prompt and ``--tokens`` greedy decode steps (argmax) with a
 :class:`~.timeline.TimedCommunicator`, and rank 0 writes one JSON file: each rank's step
@@ -22,8 +22,8 @@ import numpy as np
 def run(args: argparse.Namespace) -> dict | None:
     import llmrs_core as llmrs
 
-    from .communicator import LocalCommunicator
-    from .launch import connect
+    from ..distributed.communicator import LocalCommunicator
+    from ..distributed.launch import connect
     from .timeline import TimedCommunicator, summarise
 
     split = args.tp * args.pp > 1
@@ -66,14 +66,14 @@ PROMPTS = ["The capital of France is", "Once upon a time", "The three primary co
 
 def run_micro(args: argparse.Namespace) -> dict | None:
     """``--micro-batches G``: G prompts interleaved through the pipeline's stages
-    (:func:`~.pipeline.pipelined_greedy`); with ``--pp 1`` the same schedule in one process."""
+    (:func:`~llmrs_core.distributed.pipeline.pipelined_greedy`); with ``--pp 1`` the same schedule in one process."""
     import llmrs_core as llmrs
 
     from ..backends import get_backend
+    from ..distributed.communicator import LocalCommunicator
+    from ..distributed.launch import connect, shard
+    from ..distributed.pipeline import pipelined_greedy
     from ..model import LlamaModel
-    from .communicator import LocalCommunicator
-    from .launch import connect, shard
-    from .pipeline import pipelined_greedy
     from .timeline import TimedCommunicator
 
     comm = TimedCommunicator(connect(1, args.pp) if args.pp > 1 else LocalCommunicator.group(1)[0])
@@ -101,7 +101,7 @@ def run_micro(args: argparse.Namespace) -> dict | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m llmrs_core.distributed.profile", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m llmrs_core.ops.profile", description=__doc__.split("\n")[0])
     p.add_argument("--model", help="a GGUF file (default: SmolLM2)")
     p.add_argument("--backend", default="numba")
     p.add_argument("--threads", type=int, default=1, help="Numba threads per rank (default 1)")

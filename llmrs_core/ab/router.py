@@ -36,12 +36,12 @@ import httpx
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from ..ab.assign import assign, check_weights, user_hash
-from ..ab.metrics import RouterMetrics
-from ..ab.record import RecordWriter, RequestRecord
-from ..ab.variants import Upstream, check_variants
-from .app import MAX_BODY_BYTES, read_json
-from .protocol import APIError, error_body
+from ..server.body import MAX_BODY_BYTES, read_json
+from ..server.protocol import APIError, error_body
+from .assign import assign, check_weights, user_hash
+from .metrics import RouterMetrics
+from .record import RecordWriter, RequestRecord
+from .variants import Upstream, check_variants
 
 VARIANT_HEADER = "x-llmrs-variant"
 #: request headers passed on to the upstream (the rest are the router's own connection's)

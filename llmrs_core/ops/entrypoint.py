@@ -20,7 +20,7 @@ worse, start and serve on the wrong port. The variables:
 (``LLMRS_API_KEY`` is read by ``llmrs serve`` itself.) Every problem is found
 before any is reported, so one failed start lists them all.
 
-``python -m llmrs_core.server.entrypoint [--checker FILE] [--check-only] [SERVE_ARGS ...]``
+``python -m llmrs_core.ops.entrypoint [--checker FILE] [--check-only] [SERVE_ARGS ...]``
 checks ``os.environ`` with :func:`check_serve_environment` (or with the function of
 that name in ``FILE``: Exercise 12.6's image runs the learner's), then runs
 ``llmrs serve`` with the settings, ``SERVE_ARGS`` appended (``--port 9000`` there
@@ -165,7 +165,7 @@ def load_checker(path: str | Path) -> Checker:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m llmrs_core.server.entrypoint",
+    p = argparse.ArgumentParser(prog="python -m llmrs_core.ops.entrypoint",
                                 description="check the container's environment, then run llmrs serve")
     p.add_argument("--checker", metavar="FILE", help="a Python file whose check_serve_environment checks the "
                                                      "environment (default: the engine's)")
@@ -197,8 +197,8 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     # run the package's module, not this __main__ copy: a checker (the learner's file) imports
-    # ServeSettings and ServeEnvironmentError from llmrs_core.server.entrypoint, and those must be
+    # ServeSettings and ServeEnvironmentError from llmrs_core.ops.entrypoint, and those must be
     # the classes main() checks against
-    from llmrs_core.server.entrypoint import main as _main
+    from llmrs_core.ops.entrypoint import main as _main
 
     sys.exit(_main())

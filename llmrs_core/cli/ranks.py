@@ -6,7 +6,7 @@ every rank within seconds, never a hang:
 * a bad launch (no ``mpiexec``, mpi4py missing, world size != ``tp * pp``) is seen
   alike by every rank: rank 0 prints it, all exit with status 2;
 * a rank that fails to load: every rank learns it at the load's agreement point
-  (:func:`~.launch.agree`); rank 0 prints who failed and why, all exit with status 1;
+  (:func:`~llmrs_core.distributed.launch.agree`); rank 0 prints who failed and why, all exit with status 1;
 * an error during the run: the rank prints it (ranks other than 0 first give rank 0 two
   seconds to report an error they share) and ``MPI_Abort`` ends every rank.
 """
@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from .launch import LaunchError, RankFailed, connect
+from ..distributed.launch import LaunchError, RankFailed, connect
 
 RANK_VARIABLES = ("PMI_RANK", "PMIX_RANK", "OMPI_COMM_WORLD_RANK")
 #: how long a rank other than 0 waits for rank 0 to report an error before reporting its own

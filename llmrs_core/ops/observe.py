@@ -1,6 +1,6 @@
 """``make observe``: a real Prometheus scrapes ``llmrs serve``, and agrees with the responses (chapter 12).
 
-``python -m llmrs_core.server.observe [--model GGUF] [--requests 8]`` starts
+``python -m llmrs_core.ops.observe [--model GGUF] [--requests 8]`` starts
 ``llmrs serve`` on 127.0.0.1 and a free port, and the ``prometheus`` binary
 (Debian's package; ``apt-get install prometheus``) with a generated scrape
 config — one job, the server's ``/metrics`` every second — on its own free
@@ -186,7 +186,7 @@ def format_rows(rows: list[dict]) -> str:
 def main(argv: list[str] | None = None) -> int:
     from ..fetch import default_model_path
 
-    p = argparse.ArgumentParser(prog="python -m llmrs_core.server.observe", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m llmrs_core.ops.observe", description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default=str(default_model_path()), help="a GGUF file (default: SmolLM2)")
     p.add_argument("--requests", type=int, default=8, help="chat completions to send (default 8)")
     p.add_argument("--max-tokens", type=int, default=32, help="max_tokens of each (default 32)")

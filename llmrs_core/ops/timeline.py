@@ -1,6 +1,6 @@
 """Where a split model's time goes: a communicator that records every operation (chapter 11).
 
-:class:`TimedCommunicator` wraps any :class:`~.communicator.Communicator` and records each
+:class:`TimedCommunicator` wraps any :class:`~llmrs_core.distributed.communicator.Communicator` and records each
 call as an :class:`Event` (operation, start, end, bytes) on this rank's clock. Time spent
 inside a collective is communication *plus waiting* for the slowest rank: on an
 oversubscribed machine most of it is waiting. :func:`summarise` turns one rank's events and
@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from .communicator import Communicator
+from ..distributed.communicator import Communicator
 
 
 @dataclass(frozen=True)
