@@ -439,7 +439,7 @@ def int8_unavailable() -> str | None:
 
     They need AVX2 in the target Numba compiles for (``NUMBA_CPU_NAME``/
     ``NUMBA_CPU_FEATURES`` or the host), asked of LLVM itself
-    (:func:`.inspect.target_lacks`): with ``NUMBA_CPU_NAME=generic`` there is
+    (:func:`.target.target_lacks`): with ``NUMBA_CPU_NAME=generic`` there is
     none even on an AVX2 CPU, and the float kernels are used.
     """
     return target_lacks("avx2")
@@ -447,7 +447,7 @@ def int8_unavailable() -> str | None:
 
 def int8_instructions() -> str:
     """Which integer dot product the int8 kernels are compiled with: ``"avx512-vnni"`` (``vpdpbusd``)
-    where Numba's target declares AVX-512 VNNI and VL (:func:`.inspect.target_declares`: the
+    where Numba's target declares AVX-512 VNNI and VL (:func:`.target.target_declares`: the
     host's features, or an explicit ``NUMBA_CPU_FEATURES``), else ``"avx2"`` (``vpmaddubsw`` and
     ``vpmaddwd``). Both give the same int32 sums. Only meaningful where :func:`int8_unavailable`
     is None."""
