@@ -13,7 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from .formats.gguf import GGUFField, GGUFValueType, write_gguf
+from .formats.gguf import GGUFField, GGUFValueType
+from .formats.gguf_writer import write_gguf
 
 TINY_LLAMA = dict(
     vocab_size=64,
@@ -133,9 +134,9 @@ def write_tiny_llama(
     metadata = {k: v for k, v in metadata.items() if k not in drop_keys}
     tensors = tiny_llama_tensors(**params, tie_embeddings=tie_embeddings, seed=seed)
     if weight_type is not None:
-        from .formats.ggml_types import type_by_name
-        from .formats.gguf import TensorToWrite
+        from .formats.gguf_writer import TensorToWrite
         from .quant.ggml_blocks import quantize
+        from .quant.types import type_by_name
 
         t = type_by_name(weight_type)
         tensors = {

@@ -19,9 +19,9 @@ import llmrs_core as llmrs
 from llmrs_core.distributed import GroupBroken, LocalCommunicator, RankFailed, run_local, sharding
 from llmrs_core.distributed.launch import LaunchError, connect
 from llmrs_core.distributed.shard import ShardSource, ShardSpec
-from llmrs_core.formats.ggml_types import GGMLType
 from llmrs_core.quant.dequant import dequantize
 from llmrs_core.quant.ggml_blocks import quantize
+from llmrs_core.quant.types import GGMLType
 from llmrs_core.testing import float32_tolerance, normalised_error, tiny_llama_config, write_tiny_llama
 
 IDS = [3, 17, 5, 60, 0, 9, 9, 41, 22, 1]

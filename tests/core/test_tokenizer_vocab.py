@@ -319,7 +319,7 @@ def test_end_of_generation_ids(load, name, stops):
 
 
 def write_vocab(path: Path, **metadata) -> Path:
-    from llmrs_core.formats.gguf import write_gguf
+    from llmrs_core.formats.gguf_writer import write_gguf
 
     md = {"general.architecture": "llama", "tokenizer.ggml.model": "gpt2",
           "tokenizer.ggml.tokens": ["a", "b", "ab"], "tokenizer.ggml.merges": ["a b"]} | metadata
