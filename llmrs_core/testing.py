@@ -360,8 +360,8 @@ def q4_matvec_variants(w: Any, x: np.ndarray) -> list[tuple[str, np.ndarray]]:
     ``m * sum(x)`` term left out, the output rows in lane-major order, the blocks of ``x`` taken
     16 apart (a block's 16 bytes counted for its 32 values). For :func:`diagnose`.
     """
-    from .kernels.cpu.naive import row_major
     from .kernels.cpu.packing import LANES
+    from .labs.naive import row_major
 
     qs, d, m = row_major(w)  # [rows, nb, 16] bytes (element j low, j + 16 high), [rows, nb] scales
     lo, hi = (qs & 15).astype(np.float64), (qs >> 4).astype(np.float64)

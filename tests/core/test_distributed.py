@@ -261,7 +261,7 @@ def test_a_decode_step_all_reduces_two_vectors_per_layer_and_the_embedding(tiny)
 
 @pytest.mark.parametrize("p", [2, 3, 4])
 def test_the_ring_all_reduce_equals_the_communicator_s(p):
-    from llmrs_core.distributed.ring import ring_all_reduce
+    from llmrs_core.labs.ring import ring_all_reduce
 
     def body(comm):
         x = np.random.default_rng(comm.rank).standard_normal((7, 11)).astype(np.float32)
