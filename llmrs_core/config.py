@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .families import FAMILIES, HF_MODEL_TYPES, Family, family
-from .formats.ggml_types import GGMLType, type_by_name, type_traits
+from .quant.types import GGMLType, type_by_name, type_traits
 
 if TYPE_CHECKING:
     from .formats.gguf import GGUFFile

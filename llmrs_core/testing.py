@@ -13,7 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from .formats.gguf import GGUFField, GGUFValueType, write_gguf
+from .formats.gguf import GGUFField, GGUFValueType
+from .formats.gguf_writer import write_gguf
 
 TINY_LLAMA = dict(
     vocab_size=64,
@@ -133,9 +134,9 @@ def write_tiny_llama(
     metadata = {k: v for k, v in metadata.items() if k not in drop_keys}
     tensors = tiny_llama_tensors(**params, tie_embeddings=tie_embeddings, seed=seed)
     if weight_type is not None:
-        from .formats.ggml_types import type_by_name
-        from .formats.gguf import TensorToWrite
+        from .formats.gguf_writer import TensorToWrite
         from .quant.ggml_blocks import quantize
+        from .quant.types import type_by_name
 
         t = type_by_name(weight_type)
         tensors = {
@@ -359,8 +360,8 @@ def q4_matvec_variants(w: Any, x: np.ndarray) -> list[tuple[str, np.ndarray]]:
     ``m * sum(x)`` term left out, the output rows in lane-major order, the blocks of ``x`` taken
     16 apart (a block's 16 bytes counted for its 32 values). For :func:`diagnose`.
     """
-    from .kernels.cpu.naive import row_major
     from .kernels.cpu.packing import LANES
+    from .labs.naive import row_major
 
     qs, d, m = row_major(w)  # [rows, nb, 16] bytes (element j low, j + 16 high), [rows, nb] scales
     lo, hi = (qs & 15).astype(np.float64), (qs >> 4).astype(np.float64)

@@ -212,14 +212,14 @@ def graph_replay(model_path: str, steps: int = 50) -> dict:
 
 def memory_pool() -> dict:
     """The caching allocator of 9.4 installed in CuPy, on two streams, values checked (memory_pool_cupy)."""
-    from llmrs_core.kernels.gpu.memory_pool_cupy import check_on_gpu
+    from llmrs_core.labs.memory_pool_cupy import check_on_gpu
 
     return {"status": "ok", "stats": check_on_gpu()}
 
 
 def fusion_kernels() -> dict:
     """9.6's generated kernels against eager CuPy at SmolLM2's sizes: errors and device times (fusion_check)."""
-    from llmrs_core.kernels.gpu.fusion_check import check_on_gpu
+    from llmrs_core.labs.fusion_check import check_on_gpu
 
     rows = check_on_gpu()
     return {"status": "ok" if all(r["ok"] for r in rows) else "failed", "rows": rows}

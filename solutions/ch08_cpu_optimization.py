@@ -7,7 +7,7 @@
   around the call.
 * 8.8 — ``llmrs_core.profiling.profile_forward``.
 
-The naive row-at-a-time kernel, the baseline, is ``kernels.cpu.naive``; both
+The naive row-at-a-time kernel, the baseline, is ``labs.naive``; both
 modules re-export it so that the learner's and the solutions' names match.
 """
 
@@ -18,9 +18,9 @@ import numpy as np
 from numba import njit
 
 from llmrs_core.kernels.cpu import matmul as _matmul
-from llmrs_core.kernels.cpu.naive import q4_matvec_naive, q4_naive_kernel, row_major
 from llmrs_core.kernels.cpu.packing import LANES, PackedMatrix
 from llmrs_core.kernels.cpu.threads import set_threads
+from llmrs_core.labs.naive import q4_matvec_naive, q4_naive_kernel, row_major
 from llmrs_core.profiling import Hotspot, format_hotspots, function_name, profile_forward
 
 __all__ = [

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from llmrs_core.kernels.gpu.memory_pool import (
+from llmrs_core.labs.memory_pool import (
     PYTORCH_CONFIG,
     CachingAllocator,
     DeviceAllocator,

@@ -6,7 +6,8 @@ import os
 
 import numpy as np
 
-from llmrs_core.formats.gguf import GGUFField, TensorToWrite, read_gguf, write_gguf
+from llmrs_core.formats.gguf import GGUFField, read_gguf
+from llmrs_core.formats.gguf_writer import TensorToWrite, write_gguf
 from llmrs_core.formats.hf import HFWeights, hf_to_gguf_name
 from llmrs_core.formats.safetensors import read_safetensors
 from llmrs_core.quant import dequantize_all

@@ -173,7 +173,7 @@ class ModelConfig:
         ``fmt`` is a ggml type name (``f32``, ``f16``, ``bf16``, ``q8_0``, ``q4_0``,
         ``q4_1``, ``q4_k``, ``q6_k``). A block format packs ``block_size`` weights into
         ``type_size`` bytes: look both up with
-        ``llmrs_core.formats.ggml_types.type_traits(type_by_name(fmt))``.
+        ``llmrs_core.quant.types.type_traits(type_by_name(fmt))``.
         Bytes of the matrices: ``n_matrix_weights * type_size // block_size``;
         an unknown ``fmt`` raises ``ValueError``.
         """

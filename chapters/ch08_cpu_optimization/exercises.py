@@ -32,9 +32,9 @@ import numpy as np
 from numba import njit, prange  # noqa: F401  (prange: for Exercise 8.7)
 
 from llmrs_core.kernels.cpu.matmul import block_sums  # noqa: F401  (sum(x) per block, for your kernels)
-from llmrs_core.kernels.cpu.naive import q4_matvec_naive, q4_naive_kernel, row_major  # the baseline, given
 from llmrs_core.kernels.cpu.packing import LANES, PackedMatrix
 from llmrs_core.kernels.cpu.threads import max_threads, set_threads  # noqa: F401  (for Exercise 8.7)
+from llmrs_core.labs.naive import q4_matvec_naive, q4_naive_kernel, row_major  # the baseline, given
 from llmrs_core.profiling import Hotspot, format_hotspots, function_name
 
 __all__ = [

@@ -11,7 +11,7 @@ simulator (on the CPU, slowly: the tests use tiny shapes). Check your work with
 
 from __future__ import annotations
 
-from llmrs_core.kernels.gpu.memory_pool import (
+from llmrs_core.labs.memory_pool import (
     PYTORCH_CONFIG,
     DeviceAllocator,
     PoolConfig,
@@ -110,9 +110,9 @@ class MemoryPool:
       front ``size`` bytes are handed out, the rest stays free; otherwise hand out all of it;
     - **coalesce**: a freed block merges with the free blocks right before and after it in
       its segment (if ``config.coalesce``, which is True by default);
-    - segments are never given back to the device (that is the engine's ``empty_cache``).
+    - segments are never given back to the device (that is the reference's ``empty_cache``).
 
-    One stream only; the engine (``llmrs_core.kernels.gpu.memory_pool.CachingAllocator``)
+    One stream only; the reference (``llmrs_core.labs.memory_pool.CachingAllocator``)
     adds streams, events, the out-of-memory retry and ``empty_cache``.
     """
 

@@ -17,7 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from llmrs_core.formats.gguf import GGUFField, TensorToWrite
+from llmrs_core.formats.gguf import GGUFField
+from llmrs_core.formats.gguf_writer import TensorToWrite
 
 __all__ = [
     "GGUFField",

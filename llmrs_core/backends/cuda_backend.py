@@ -25,8 +25,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..attention import PLAIN, AttentionOptions
-from ..formats.ggml_types import GGMLType
 from ..kernels.gpu import runtime
+from ..quant.types import GGMLType
 from ..sampling import SamplingParams
 from .base import Backend
 

@@ -52,7 +52,6 @@ from numba import njit, prange
 
 from .. import layers
 from ..attention import PLAIN, AttentionOptions, attention_with_options
-from ..formats.ggml_types import GGMLType
 from ..kernels.cpu import matmul as kmatmul
 from ..kernels.cpu import ops
 from ..kernels.cpu.int8 import (
@@ -66,6 +65,7 @@ from ..kernels.cpu.int8 import (
 )
 from ..kernels.cpu.packing import PackedMatrix, fuse, pack_float, pack_raw, unsigned_parts
 from ..kernels.cpu.threads import BlasThreads, describe, set_threads
+from ..quant.types import GGMLType
 from ..rope import rope_frequencies
 from .base import Backend
 

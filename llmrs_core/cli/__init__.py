@@ -21,7 +21,7 @@ entry points are modules run with ``python -m`` (each one's ``--help`` says more
     llmrs_core.ops.entrypoint          the container's entrypoint: check the environment, then serve (12)
     llmrs_core.ops.observe             make observe: a real Prometheus scrapes llmrs serve (12)
     llmrs_core.ops.profile             a split model's per-rank timeline, under mpiexec (11)
-    llmrs_core.distributed.ring        the ring all-reduce against MPI's, under mpiexec (11)
+    llmrs_core.labs.ring               the ring all-reduce against MPI's, under mpiexec (11)
     llmrs_core.kernels.gpu.compile_check   the CUDA kernels compiled to PTX, no GPU needed (9)
     llmrs_core.bench.tokenizer         make bench-tokenizer: our BPE against tokenizers (2)
     llmrs_core.vocab_fetch             make fetch-vocab: the third-party vocabularies, sha256-checked

@@ -22,8 +22,8 @@ import numpy as np
 
 from ..config import ConfigError, ModelConfig
 from ..family_config import family_features
-from ..formats.ggml_types import GGMLType, type_by_name, type_traits
 from ..formats.source import WeightSource
+from ..quant.types import GGMLType, type_by_name, type_traits
 from . import sharding
 
 if TYPE_CHECKING:

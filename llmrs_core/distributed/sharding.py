@@ -22,7 +22,7 @@ from math import gcd
 import numpy as np
 
 from ..config import ModelConfig
-from ..formats.ggml_types import GGMLType, type_traits
+from ..quant.types import GGMLType, type_traits
 
 
 def even_range(n: int, parts: int, index: int, what: str = "items") -> tuple[int, int]:

@@ -1,4 +1,4 @@
-"""GGUF reader and writer (introduced in chapter 1; taught in chapters 6 and 10).
+"""GGUF reader (introduced in chapter 1; taught in chapters 6 and 10); the writer is :mod:`.gguf_writer`.
 
 A GGUF file is, in order (all little-endian)::
 
@@ -28,14 +28,14 @@ import itertools
 import mmap
 import os
 import struct
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .ggml_types import TYPE_TRAITS, GGMLType, tensor_nbytes, type_traits
+from ..quant.types import TYPE_TRAITS, GGMLType, tensor_nbytes, type_traits
 from .source import WeightSource
 
 if TYPE_CHECKING:
@@ -70,8 +70,8 @@ class GGUFValueType(enum.IntEnum):
     FLOAT64 = 12
 
 
-# struct format of each fixed-size scalar type
-_SCALAR_FORMATS: dict[GGUFValueType, str] = {
+# struct format of each fixed-size scalar type (the reader's and the writer's, gguf_writer.py)
+SCALAR_FORMATS: dict[GGUFValueType, str] = {
     GGUFValueType.UINT8: "<B",
     GGUFValueType.INT8: "<b",
     GGUFValueType.UINT16: "<H",
@@ -84,8 +84,8 @@ _SCALAR_FORMATS: dict[GGUFValueType, str] = {
     GGUFValueType.INT64: "<q",
     GGUFValueType.FLOAT64: "<d",
 }
-_NUMPY_DTYPES: dict[GGUFValueType, str] = {
-    t: np.dtype(fmt.replace("?", "B")).newbyteorder("<").str for t, fmt in _SCALAR_FORMATS.items()
+NUMPY_DTYPES: dict[GGUFValueType, str] = {
+    t: np.dtype(fmt.replace("?", "B")).newbyteorder("<").str for t, fmt in SCALAR_FORMATS.items()
 }
 
 
@@ -155,7 +155,7 @@ class ByteCursor:
         return out
 
     def scalar(self, vtype: GGUFValueType, what: str) -> Any:
-        fmt = _SCALAR_FORMATS[vtype]
+        fmt = SCALAR_FORMATS[vtype]
         start = self.pos
         raw = self.take(struct.calcsize(fmt), what)
         (value,) = struct.unpack(fmt, raw)
@@ -209,7 +209,7 @@ def read_value(cur: ByteCursor, vtype: GGUFValueType, what: str, depth: int = 0)
     count = cur.u64(f"element count of {what}")
     # the smallest possible element: a fixed scalar, an empty string (8 bytes)
     # or an empty array (12 bytes); a count that cannot fit is corrupt
-    min_size = struct.calcsize(_SCALAR_FORMATS[etype]) if etype in _SCALAR_FORMATS else (
+    min_size = struct.calcsize(SCALAR_FORMATS[etype]) if etype in SCALAR_FORMATS else (
         8 if etype is GGUFValueType.STRING else 12
     )
     if count * min_size > cur.remaining():
@@ -218,9 +218,9 @@ def read_value(cur: ByteCursor, vtype: GGUFValueType, what: str, depth: int = 0)
             f"{cur.remaining()} bytes left",
             start,
         )
-    if etype in _NUMPY_DTYPES:
+    if etype in NUMPY_DTYPES:
         raw = cur.take(count * min_size, what)
-        arr = np.frombuffer(raw, dtype=_NUMPY_DTYPES[etype])
+        arr = np.frombuffer(raw, dtype=NUMPY_DTYPES[etype])
         if etype is GGUFValueType.BOOL:
             if np.any(arr > 1):
                 raise cur.fail(f"{what}: boolean array holds a byte other than 0 or 1", start)
@@ -256,6 +256,124 @@ def _read_strings(cur: ByteCursor, count: int) -> list[str] | None:
         return None
     cur.pos = pos
     return items
+
+
+def read_header(cur: ByteCursor) -> tuple[int, int, int]:
+    """The 24-byte header at ``cur.pos`` (0): ``(version, tensor count, metadata count)``, checked."""
+    magic = bytes(cur.take(4, "magic"))
+    if magic != GGUF_MAGIC:
+        raise cur.fail(f"not a GGUF file: magic is {magic!r}, expected {GGUF_MAGIC!r}", 0)
+    version = cur.u32("version")
+    if version not in (2, 3):
+        swapped = struct.unpack(">I", struct.pack("<I", version))[0]
+        if swapped in (2, 3):
+            raise cur.fail("big-endian GGUF files are not supported", 4)
+        if version == 1:
+            raise cur.fail(
+                "GGUF version 1 (32-bit counts) is not supported; re-convert the model "
+                "with a current llama.cpp",
+                4,
+            )
+        raise cur.fail(f"unsupported GGUF version {version} (supported: 2, 3)", 4)
+    n_tensors = cur.u64("tensor count")
+    n_kv = cur.u64("metadata key/value count")
+    # each key/value takes >= 13 bytes and each tensor info >= 24
+    if n_kv * 13 + n_tensors * 24 > cur.remaining():
+        raise cur.fail(
+            f"header claims {n_kv} metadata entries and {n_tensors} tensors, "
+            f"which cannot fit in the {cur.remaining()} bytes left",
+            8,
+        )
+    return version, n_tensors, n_kv
+
+
+def read_metadata(cur: ByteCursor, n_kv: int) -> dict[str, GGUFField]:
+    """The ``n_kv`` key/value entries at ``cur.pos``, in file order; a repeated key is an error."""
+    fields: dict[str, GGUFField] = {}
+    for i in range(n_kv):
+        key_at = cur.pos
+        key = cur.string(f"key of metadata entry {i}")
+        if key in fields:
+            raise cur.fail(f"metadata key {key!r} appears twice", key_at)
+        vtype = read_value_type(cur, f"metadata {key!r}")
+        fields[key] = read_value(cur, vtype, f"metadata {key!r}")
+    return fields
+
+
+def check_alignment(metadata: Mapping[str, Any], source: str) -> int:
+    """``general.alignment`` (default 32), which must be a positive power of two."""
+    alignment = metadata.get("general.alignment", DEFAULT_ALIGNMENT)
+    if (
+        not isinstance(alignment, int)
+        or isinstance(alignment, bool)
+        or alignment <= 0
+        or alignment & (alignment - 1)
+    ):
+        raise GGUFError(f"{source}: general.alignment must be a positive power of two, got {alignment!r}")
+    return alignment
+
+
+def read_tensor_infos(cur: ByteCursor, n_tensors: int) -> list[GGUFTensorInfo]:
+    """The ``n_tensors`` tensor infos at ``cur.pos``, in file order; a repeated name is an error."""
+    seen: set[str] = set()
+    return [_read_tensor_info(cur, i, seen) for i in range(n_tensors)]
+
+
+def _read_tensor_info(cur: ByteCursor, i: int, seen: set[str]) -> GGUFTensorInfo:
+    """Tensor info ``i``: name (added to ``seen``; a repeat is an error), dimensions (ggml order,
+    reversed here), type and data offset."""
+    info_at = cur.pos
+    name = cur.string(f"name of tensor {i}")
+    if name in seen:
+        raise cur.fail(f"tensor name {name!r} appears twice", info_at)
+    seen.add(name)
+    n_dims = cur.u32(f"dimension count of tensor {name!r}")
+    if not 1 <= n_dims <= MAX_DIMS:
+        raise cur.fail(f"tensor {name!r} has {n_dims} dimensions (must be 1..{MAX_DIMS})")
+    ne = [cur.u64(f"dimension {d} of tensor {name!r}") for d in range(n_dims)]
+    if any(n == 0 for n in ne):
+        raise cur.fail(f"tensor {name!r} has a zero dimension {ne}")
+    type_at = cur.pos
+    type_id = cur.u32(f"type of tensor {name!r}")
+    try:
+        type_traits(type_id)
+    except ValueError as e:
+        raise cur.fail(f"tensor {name!r}: {e}", type_at) from None
+    offset = cur.u64(f"data offset of tensor {name!r}")
+    n_elements = 1
+    for n in ne:
+        n_elements *= n
+    try:
+        n_bytes = tensor_nbytes(type_id, n_elements, ne[0])
+    except ValueError as e:
+        raise cur.fail(f"tensor {name!r}: {e}", info_at) from None
+    return GGUFTensorInfo(name, tuple(reversed(ne)), GGMLType(type_id), offset, n_bytes)
+
+
+def check_layout(
+    infos: list[GGUFTensorInfo], data_offset: int, file_size: int, alignment: int, source: str
+) -> dict[str, GGUFTensorInfo]:
+    """The tensors by name, once each is aligned, inside the file and clear of the others."""
+    data_size = file_size - data_offset
+    tensors: dict[str, GGUFTensorInfo] = {}
+    for t in infos:
+        if t.offset % alignment:
+            raise GGUFError(
+                f"{source}: tensor {t.name!r} data offset {t.offset} is not a multiple of "
+                f"the alignment {alignment}"
+            )
+        if t.offset + t.n_bytes > data_size:
+            raise GGUFError(
+                f"{source}: tensor {t.name!r} needs bytes {data_offset + t.offset}.."
+                f"{data_offset + t.offset + t.n_bytes} but the file has {file_size} "
+                "bytes (truncated download?)"
+            )
+        tensors[t.name] = t
+    ordered = sorted(tensors.values(), key=lambda t: t.offset)
+    for a, b in itertools.pairwise(ordered):
+        if a.offset + a.n_bytes > b.offset:
+            raise GGUFError(f"{source}: tensors {a.name!r} and {b.name!r} overlap in the file")
+    return tensors
 
 
 class GGUFFile(WeightSource):
@@ -299,103 +417,16 @@ class GGUFFile(WeightSource):
             raise
 
     def _parse(self, cur: ByteCursor) -> None:
-        magic = bytes(cur.take(4, "magic"))
-        if magic != GGUF_MAGIC:
-            raise cur.fail(f"not a GGUF file: magic is {magic!r}, expected {GGUF_MAGIC!r}", 0)
-        self.version = cur.u32("version")
-        if self.version not in (2, 3):
-            swapped = struct.unpack(">I", struct.pack("<I", self.version))[0]
-            if swapped in (2, 3):
-                raise cur.fail("big-endian GGUF files are not supported", 4)
-            if self.version == 1:
-                raise cur.fail(
-                    "GGUF version 1 (32-bit counts) is not supported; re-convert the model "
-                    "with a current llama.cpp",
-                    4,
-                )
-            raise cur.fail(f"unsupported GGUF version {self.version} (supported: 2, 3)", 4)
-        n_tensors = cur.u64("tensor count")
-        n_kv = cur.u64("metadata key/value count")
-        # each key/value takes >= 13 bytes and each tensor info >= 24
-        if n_kv * 13 + n_tensors * 24 > cur.remaining():
-            raise cur.fail(
-                f"header claims {n_kv} metadata entries and {n_tensors} tensors, "
-                f"which cannot fit in the {cur.remaining()} bytes left",
-                8,
-            )
-
-        self.fields: dict[str, GGUFField] = {}
-        for i in range(n_kv):
-            key_at = cur.pos
-            key = cur.string(f"key of metadata entry {i}")
-            if key in self.fields:
-                raise cur.fail(f"metadata key {key!r} appears twice", key_at)
-            vtype = read_value_type(cur, f"metadata {key!r}")
-            self.fields[key] = read_value(cur, vtype, f"metadata {key!r}")
+        """Header, metadata, tensor infos, then the layout of the data: each step checked before the next."""
+        self.version, n_tensors, n_kv = read_header(cur)
+        self.fields: dict[str, GGUFField] = read_metadata(cur, n_kv)
         self.metadata: dict[str, Any] = {k: f.value for k, f in self.fields.items()}
-
-        alignment = self.metadata.get("general.alignment", DEFAULT_ALIGNMENT)
-        if (
-            not isinstance(alignment, int)
-            or isinstance(alignment, bool)
-            or alignment <= 0
-            or alignment & (alignment - 1)
-        ):
-            raise GGUFError(
-                f"{cur.source}: general.alignment must be a positive power of two, got {alignment!r}"
-            )
-        self.alignment: int = alignment
-
-        infos: list[tuple[str, tuple[int, ...], GGMLType, int, int]] = []
-        seen: set[str] = set()
-        for i in range(n_tensors):
-            info_at = cur.pos
-            name = cur.string(f"name of tensor {i}")
-            if name in seen:
-                raise cur.fail(f"tensor name {name!r} appears twice", info_at)
-            seen.add(name)
-            n_dims = cur.u32(f"dimension count of tensor {name!r}")
-            if not 1 <= n_dims <= MAX_DIMS:
-                raise cur.fail(f"tensor {name!r} has {n_dims} dimensions (must be 1..{MAX_DIMS})")
-            ne = [cur.u64(f"dimension {d} of tensor {name!r}") for d in range(n_dims)]
-            if any(n == 0 for n in ne):
-                raise cur.fail(f"tensor {name!r} has a zero dimension {ne}")
-            type_at = cur.pos
-            type_id = cur.u32(f"type of tensor {name!r}")
-            try:
-                type_traits(type_id)
-            except ValueError as e:
-                raise cur.fail(f"tensor {name!r}: {e}", type_at) from None
-            offset = cur.u64(f"data offset of tensor {name!r}")
-            n_elements = 1
-            for n in ne:
-                n_elements *= n
-            try:
-                n_bytes = tensor_nbytes(type_id, n_elements, ne[0])
-            except ValueError as e:
-                raise cur.fail(f"tensor {name!r}: {e}", info_at) from None
-            infos.append((name, tuple(reversed(ne)), GGMLType(type_id), offset, n_bytes))
-
+        self.alignment: int = check_alignment(self.metadata, cur.source)
+        infos = read_tensor_infos(cur, n_tensors)
         self.data_offset = -(-cur.pos // self.alignment) * self.alignment
-        data_size = self.file_size - self.data_offset
-        self.tensors: dict[str, GGUFTensorInfo] = {}
-        for name, shape, gtype, offset, n_bytes in infos:
-            if offset % self.alignment:
-                raise GGUFError(
-                    f"{cur.source}: tensor {name!r} data offset {offset} is not a multiple of "
-                    f"the alignment {self.alignment}"
-                )
-            if offset + n_bytes > data_size:
-                raise GGUFError(
-                    f"{cur.source}: tensor {name!r} needs bytes {self.data_offset + offset}.."
-                    f"{self.data_offset + offset + n_bytes} but the file has {self.file_size} "
-                    "bytes (truncated download?)"
-                )
-            self.tensors[name] = GGUFTensorInfo(name, shape, gtype, offset, n_bytes)
-        ordered = sorted(self.tensors.values(), key=lambda t: t.offset)
-        for a, b in itertools.pairwise(ordered):
-            if a.offset + a.n_bytes > b.offset:
-                raise GGUFError(f"{cur.source}: tensors {a.name!r} and {b.name!r} overlap in the file")
+        self.tensors: dict[str, GGUFTensorInfo] = check_layout(
+            infos, self.data_offset, self.file_size, self.alignment, cur.source
+        )
 
     # -- tensor data -----------------------------------------------------
 
@@ -509,121 +540,3 @@ class GGUFFile(WeightSource):
 def read_gguf(path: str | os.PathLike[str]) -> GGUFFile:
     """Open and parse a GGUF file. Raises ``GGUFError`` (a ``ValueError``) if it is malformed."""
     return GGUFFile(path)
-
-
-# -- writing ---------------------------------------------------------------
-
-
-def _infer_type(value: Any) -> GGUFValueType:
-    if isinstance(value, bool):
-        return GGUFValueType.BOOL
-    if isinstance(value, (int, np.integer)):
-        if 0 <= value < 2**32:
-            return GGUFValueType.UINT32
-        if -(2**31) <= value < 2**31:
-            return GGUFValueType.INT32
-        return GGUFValueType.INT64 if value < 0 else GGUFValueType.UINT64
-    if isinstance(value, (float, np.floating)):
-        return GGUFValueType.FLOAT32
-    if isinstance(value, str):
-        return GGUFValueType.STRING
-    if isinstance(value, (list, tuple)):
-        return GGUFValueType.ARRAY
-    raise TypeError(f"cannot store a {type(value).__name__} in GGUF metadata")
-
-
-def _pack_string(s: str) -> bytes:
-    raw = s.encode("utf-8")
-    return struct.pack("<Q", len(raw)) + raw
-
-
-def _pack_value(value: Any, vtype: GGUFValueType, etype: GGUFValueType | None = None) -> bytes:
-    if vtype is GGUFValueType.STRING:
-        return _pack_string(value)
-    if vtype is not GGUFValueType.ARRAY:
-        return struct.pack(_SCALAR_FORMATS[vtype], value)
-    items = list(value)
-    if etype is None:
-        kinds = {_infer_type(v) for v in items} or {GGUFValueType.UINT32}
-        if kinds == {GGUFValueType.UINT32, GGUFValueType.INT32}:
-            kinds = {GGUFValueType.INT32}
-        if len(kinds) != 1:
-            raise TypeError(f"GGUF arrays hold one type; got {sorted(k.name for k in kinds)}")
-        (etype,) = kinds
-    out = [struct.pack("<IQ", etype, len(items))]
-    if etype in _NUMPY_DTYPES:
-        out.append(np.asarray(items, dtype=_NUMPY_DTYPES[etype]).tobytes())
-    else:
-        out.extend(_pack_value(v, etype) for v in items)
-    return b"".join(out)
-
-
-@dataclass(frozen=True)
-class TensorToWrite:
-    """A tensor for :func:`write_gguf`: NumPy-order ``shape``, ggml type, raw bytes."""
-
-    shape: tuple[int, ...]
-    ggml_type: GGMLType
-    data: bytes
-
-
-def as_tensor_to_write(array: np.ndarray) -> TensorToWrite:
-    """Wrap a float32/float16 NumPy array for writing."""
-    types = {np.dtype("float32"): GGMLType.F32, np.dtype("float16"): GGMLType.F16}
-    if array.dtype not in types:
-        raise TypeError(f"write float32 or float16 arrays (got {array.dtype}); quantise first")
-    return TensorToWrite(tuple(array.shape), types[array.dtype], np.ascontiguousarray(array).astype(
-        array.dtype.newbyteorder("<")).tobytes())
-
-
-def write_gguf(
-    path: str | os.PathLike[str],
-    metadata: Mapping[str, Any | GGUFField],
-    tensors: Mapping[str, np.ndarray | TensorToWrite] | Iterable[tuple[str, np.ndarray | TensorToWrite]],
-    *,
-    version: int = 3,
-) -> None:
-    """Write a GGUF file.
-
-    ``metadata`` values are plain Python values (types inferred: int -> UINT32
-    or INT32/64, float -> FLOAT32, list -> ARRAY) or :class:`GGUFField` to fix
-    the stored type. ``tensors`` are float arrays or :class:`TensorToWrite`.
-    The file is written to a temporary name and renamed, so a failure never
-    leaves a half-written file at ``path``.
-    """
-    alignment = DEFAULT_ALIGNMENT
-    if "general.alignment" in metadata:
-        a = metadata["general.alignment"]
-        alignment = a.value if isinstance(a, GGUFField) else a
-    items = list(tensors.items()) if isinstance(tensors, Mapping) else list(tensors)
-    prepared = [
-        (name, t if isinstance(t, TensorToWrite) else as_tensor_to_write(t)) for name, t in items
-    ]
-
-    head = [GGUF_MAGIC, struct.pack("<IQQ", version, len(prepared), len(metadata))]
-    for key, value in metadata.items():
-        field = value if isinstance(value, GGUFField) else GGUFField(value, _infer_type(value))
-        head.append(_pack_string(key))
-        head.append(struct.pack("<I", field.type))
-        head.append(_pack_value(field.value, field.type, field.element_type))
-    offset = 0
-    for name, t in prepared:
-        ne = list(reversed(t.shape))
-        expected = tensor_nbytes(t.ggml_type, int(np.prod(t.shape)), ne[0])
-        if len(t.data) != expected:
-            raise ValueError(
-                f"tensor {name!r}: {len(t.data)} bytes given, {t.ggml_type.name} {t.shape} needs {expected}"
-            )
-        head.append(_pack_string(name))
-        head.append(struct.pack(f"<I{len(ne)}QIQ", len(ne), *ne, t.ggml_type, offset))
-        offset += -(-len(t.data) // alignment) * alignment
-
-    from ..files import atomic_write
-
-    with atomic_write(path) as f:
-        header = b"".join(head)
-        f.write(header)
-        f.write(b"\0" * (-len(header) % alignment))
-        for _, t in prepared:
-            f.write(t.data)
-            f.write(b"\0" * (-len(t.data) % alignment))

@@ -185,11 +185,11 @@ class HFWeights(WeightSource):
 
     def tokenizer(self) -> Tokenizer | None:
         """The directory's ``tokenizer.json``, or ``None`` if it has none."""
-        from ..tokenizer import Tokenizer
+        from ..tokenizer.hf import from_hf_dir
 
         if not (self.path / "tokenizer.json").exists():
             return None
-        return Tokenizer.from_hf_dir(self.path)
+        return from_hf_dir(self.path)
 
     def float32(self, name: str) -> np.ndarray:
         """Tensor ``name`` (GGUF naming) as float32, W_q/W_k rows permuted for interleaved RoPE if asked."""
@@ -274,6 +274,7 @@ def export_hf(gguf_path: str | os.PathLike[str], out_dir: str | os.PathLike[str]
     """
     from ..quant.dequant import dequantize_tensor
     from ..tokenizer import Tokenizer
+    from ..tokenizer.hf import save_hf
     from .gguf import read_gguf
 
     out = Path(out_dir)
@@ -294,5 +295,5 @@ def export_hf(gguf_path: str | os.PathLike[str], out_dir: str | os.PathLike[str]
         write_safetensors(out / "model.safetensors", tensors, {"format": "pt"})
         (out / "config.json").write_text(json.dumps(hf_config_dict(config), indent=2) + "\n")
         if "tokenizer.ggml.model" in g.metadata:  # test models may have no tokenizer
-            Tokenizer.from_gguf(g).save_hf(out)
+            save_hf(Tokenizer.from_gguf(g), out)
     return out

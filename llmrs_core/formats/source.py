@@ -31,8 +31,8 @@ import numpy as np
 
 if TYPE_CHECKING:
     from ..config import ModelConfig
+    from ..quant.types import GGMLType
     from ..tokenizer import Tokenizer
-    from .ggml_types import GGMLType
 
 RopeLayout = str  # "interleaved" or "half"
 ROPE_LAYOUTS = ("interleaved", "half")

@@ -1,5 +1,6 @@
 """Quantised weight formats (chapter 4 reads them; chapter 6 teaches them in depth).
 
+    types        the ggml type table: each GGMLType's block size and bytes per block (chapters 1, 6)
     floats       FP32/FP16/BF16/FP8 (E4M3, E5M2): encode and decode with round-to-nearest-even
     integer      INT8/INT4, symmetric or asymmetric, per tensor / channel / group; nibble packing
     dequant      GGML block formats -> float32, vectorised with NumPy

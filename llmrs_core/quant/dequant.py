@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..formats.ggml_types import GGMLType, type_traits
+from .types import GGMLType, type_traits
 
 if TYPE_CHECKING:
     from ..formats.gguf import GGUFFile

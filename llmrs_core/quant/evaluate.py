@@ -35,12 +35,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..formats.ggml_types import type_by_name
 from ..logprobs import log_softmax
 from . import integer
 from .dequant import dequantize
 from .ggml_blocks import quantize
 from .requantize import target_type_for
+from .types import type_by_name
 
 #: a block's weight attributes (:class:`~llmrs_core.model.LayerWeights`) -> llama.cpp's tensor name
 MATRICES = {"wq": "attn_q", "wk": "attn_k", "wv": "attn_v", "wo": "attn_output",

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..formats.ggml_types import GGMLType, type_traits
+from .types import GGMLType, type_traits
 
 BLOCK = 32
 
@@ -141,8 +141,8 @@ def quantize(x: np.ndarray, ggml_type: GGMLType | int | str) -> np.ndarray:
     The function for each type is found in :mod:`.registry`; an unsupported
     type raises ``NotImplementedError`` naming it and the supported ones.
     """
-    from ..formats.ggml_types import type_by_name
     from .registry import quantizer  # here, not at the top: the registry imports this module
+    from .types import type_by_name
 
     t = type_by_name(ggml_type) if isinstance(ggml_type, str) else GGMLType(ggml_type)
     return quantizer(t)(np.asarray(x, dtype=np.float32))

@@ -53,7 +53,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..formats.ggml_types import QK_K, GGMLType, type_traits
 from .dequant import IQ4_VALUES, unpack_nibbles
 from .kquants import (
     _GROUP_MAX_EPS,
@@ -64,6 +63,7 @@ from .kquants import (
     _sum_in_order,
     _super_blocks,
 )
+from .types import QK_K, GGMLType, type_traits
 
 IQ4_NL_BYTES = type_traits(GGMLType.IQ4_NL).type_size  # 18
 IQ4_XS_BYTES = type_traits(GGMLType.IQ4_XS).type_size  # 136

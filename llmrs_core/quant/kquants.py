@@ -107,7 +107,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..formats.ggml_types import QK_K, GGMLType, type_traits
+from .types import QK_K, GGMLType, type_traits
 
 Q4_K_BYTES = type_traits(GGMLType.Q4_K).type_size  # 144
 Q5_K_BYTES = type_traits(GGMLType.Q5_K).type_size  # 176

@@ -57,7 +57,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..formats.ggml_types import QK_K, GGMLType, type_traits
 from .kquants import (
     _GROUP_MAX_EPS,
     _fit_min_scale,
@@ -68,6 +67,7 @@ from .kquants import (
     _sum_in_order,
     _super_blocks,
 )
+from .types import QK_K, GGMLType, type_traits
 
 Q2_K_BYTES = type_traits(GGMLType.Q2_K).type_size  # 84
 Q3_K_BYTES = type_traits(GGMLType.Q3_K).type_size  # 110

@@ -1,9 +1,9 @@
 """The one table of what the engine can decode and encode, for every ggml type (chapters 6, 8, 10).
 
-Each :class:`~llmrs_core.formats.ggml_types.GGMLType` has a :class:`Codec`:
+Each :class:`~llmrs_core.quant.types.GGMLType` has a :class:`Codec`:
 
 * ``traits`` — block size, bytes per block and, for a plain element type,
-  its NumPy dtype (from :data:`~llmrs_core.formats.ggml_types.TYPE_TRAITS`);
+  its NumPy dtype (from :data:`~llmrs_core.quant.types.TYPE_TRAITS`);
 * ``dequantize`` — uint8 bytes (any shape, whole blocks) -> float32 ``[n]``;
 * ``quantize`` — float32 ``[..., n]`` -> uint8 ``[..., n / block_size * type_size]``;
 
@@ -16,14 +16,15 @@ keys its table of kernel forms (``KERNEL_FORMS``) by the same enum. (Only
 ``ggml_blocks.matvec`` keeps its own three fast paths, the chapter-6 lesson,
 falling back to ``dequant.dequantize`` for every other type.)
 
-Why a module of its own in ``quant/``, not in ``formats/ggml_types.py``:
-the type table there is imported by low-level code (the GGUF reader,
-``config``) that must not pull in the codecs, while this table has to
-import every codec module (``dequant``, ``ggml_blocks``, ``kquants``,
-``floats``). Those modules import it only inside their dispatch functions,
-so there is no import cycle. (gguf-py's ``quants.py`` keeps one class per
-type with both directions; here the per-type functions stay beside the byte
-layouts they document, and this table only names them.)
+Why a module of its own, not in ``quant/types.py``: the type table there
+is imported by low-level code (the GGUF reader, ``config``) and by every
+codec, while this table has to import every codec module (``dequant``,
+``ggml_blocks``, ``kquants``, ``floats``). Those modules import it only
+inside their dispatch functions, and it imports ``config`` only inside
+:func:`check_computable`, so there is no import cycle. (gguf-py's
+``quants.py`` keeps one class per type with both directions; here the
+per-type functions stay beside the byte layouts they document, and this
+table only names them.)
 """
 
 from __future__ import annotations
@@ -34,9 +35,8 @@ from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
-from ..config import ConfigError
-from ..formats.ggml_types import GGMLType, TypeTraits, type_traits
 from . import dequant, ggml_blocks, iq4, kquants, kquants_low
+from .types import GGMLType, TypeTraits, type_traits
 
 if TYPE_CHECKING:
     from ..formats.source import WeightSource
@@ -150,7 +150,7 @@ def quantizer(ggml_type: GGMLType | int) -> Encoder:
 def check_computable(source: WeightSource, names: Iterable[str] | None = None) -> None:
     """Refuse a model file holding a tensor type the engine cannot compute, before any weight is read.
 
-    Every ggml type is known by name and size (``formats.ggml_types``), so a
+    Every ggml type is known by name and size (``quant.types``), so a
     file of any type opens and lists (``llmrs info``); computing needs its
     dequantiser. ``names``: the tensors the model will read (default: all of
     them). A type name that is not a ggml type (a safetensors dtype such as
@@ -163,6 +163,8 @@ def check_computable(source: WeightSource, names: Iterable[str] | None = None) -
            if not _computable(source.tensors[name].type_name)]
     if not bad:
         return
+    from ..config import ConfigError  # here, not at the top: config imports quant/ (the type table)
+
     shown = ", ".join(f"{name} ({type_name})" for name, type_name in bad[:8])
     more = f" and {len(bad) - 8} more" if len(bad) > 8 else ""
     names = ", ".join(t.name for t in supported("dequantize"))

@@ -17,10 +17,9 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-from ..formats.ggml_types import GGMLType, type_by_name, type_traits
-from ..formats.gguf import GGUFField, GGUFValueType, TensorToWrite, read_gguf, write_gguf
 from .dequant import dequantize_tensor
 from .ggml_blocks import quantize
+from .types import GGMLType, type_by_name, type_traits
 
 TARGETS = ("f32", "f16", "q8_0", "q4_0", "q4_1", "q4_k", "q6_k")
 # llama.cpp's llama_ftype values ("mostly" this type)
@@ -49,6 +48,11 @@ def requantize_gguf(
     gtype = type_by_name(target)
     if Path(src).resolve() == Path(dst).resolve():
         raise ValueError("the output must be a different file from the input")
+    # here, not at the top: formats/ imports quant/ (the type table), so quant/ imports formats/ only
+    # inside this command, and the two packages form no import cycle
+    from ..formats.gguf import GGUFField, GGUFValueType, read_gguf
+    from ..formats.gguf_writer import TensorToWrite, write_gguf
+
     counts: dict[str, int] = {}
     with read_gguf(src) as g:
         metadata = dict(g.fields)

@@ -8,7 +8,7 @@
     model          the TextModel interface both kinds implement
     special        special tokens in text (and their whitespace stripping), end-of-generation ids
     tokenizer      the Tokenizer built from a GGUF file or HF directory: BOS, safe chat encoding, length bounds
-    hf_files       Hugging Face tokenizer.json / tokenizer_config.json, read and written
+    hf             from_hf_dir / save_hf: Hugging Face tokenizer.json / tokenizer_config.json, read and written
     load           load_tokenizer: the tokenizer of any GGUF file (vocab-only too) or HF directory
     word_cache    the bounded (least-recently-used) cache of words' ids
     streaming     detokenising a token stream without ever emitting broken UTF-8

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from .hf import from_hf_dir
 from .tokenizer import Tokenizer
 
 
@@ -24,7 +25,7 @@ def load_tokenizer(path: str | os.PathLike[str]) -> Tokenizer:
 
     p = Path(path)
     if p.is_dir():
-        return Tokenizer.from_hf_dir(p)
+        return from_hf_dir(p)
     if not p.exists():
         raise FileNotFoundError(f"{p} does not exist (expected a GGUF file or a Hugging Face directory)")
     with read_gguf(p) as g:

@@ -1,4 +1,4 @@
-"""The Tokenizer: byte-level BPE or SentencePiece, built from a GGUF file or a Hugging Face directory (chapter 2).
+"""The Tokenizer: byte-level BPE or SentencePiece, built from a GGUF file or (:mod:`.hf`) a Hugging Face directory (ch. 2).
 
 Everything it needs is in the GGUF metadata: ``tokenizer.ggml.model``
 (``"gpt2"``: byte-level BPE; ``"llama"``: SentencePiece), ``tokenizer.ggml.pre``
@@ -25,11 +25,9 @@ template writes its own ``{{ bos_token }}``, so no BOS is added to it
 from __future__ import annotations
 
 import math
-import os
 import secrets
 from collections.abc import Callable, Collection, Mapping, Sequence
 from functools import cached_property
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import regex
@@ -211,29 +209,6 @@ class Tokenizer:
             )
         except ValueError as e:
             raise ValueError(f"{gguf.path}: {e}") from None
-
-    # -- Hugging Face tokenizer files (chapter 10) ---------------------------
-
-    @classmethod
-    def from_hf_dir(cls, directory: str | os.PathLike[str]) -> Tokenizer:
-        """Build the tokenizer from a Hugging Face ``tokenizer.json`` (+ ``tokenizer_config.json``).
-
-        Byte-level BPE with any pre-tokeniser of :mod:`.pretokenizers` in the
-        layout :meth:`save_hf` writes (``Split`` by each pattern, then
-        ``ByteLevel``; SmolLM2's ``Digits`` + ``ByteLevel``), and SentencePiece
-        as Hugging Face converts it (BPE with ``▁`` and byte fallback). Anything
-        else raises ``ValueError`` rather than encode wrongly.
-        """
-        from .hf_files import read_hf_dir
-
-        return cls(**read_hf_dir(Path(directory)))
-
-    def save_hf(self, directory: str | os.PathLike[str]) -> None:
-        """Write ``tokenizer.json`` and ``tokenizer_config.json`` that Hugging Face ``tokenizers``
-        (and :meth:`from_hf_dir`) read as this tokenizer."""
-        from .hf_files import write_hf_dir
-
-        write_hf_dir(self, Path(directory))
 
     # -- encoding ------------------------------------------------------------
 

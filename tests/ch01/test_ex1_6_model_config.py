@@ -181,7 +181,7 @@ def test_ex1_6_from_gguf_missing_key_is_named(ex, tmp_path):
 
 def test_ex1_6_from_gguf_vocab_size_from_tokens(ex, tmp_path):
     """Without llama.vocab_size, the vocabulary is the length of tokenizer.ggml.tokens."""
-    from llmrs_core.formats.gguf import write_gguf
+    from llmrs_core.formats.gguf_writer import write_gguf
     from llmrs_core.testing import tiny_llama_metadata, tiny_llama_tensors
 
     md = {k: v for k, v in tiny_llama_metadata(**TINY_LLAMA).items() if k != "llama.vocab_size"}

@@ -13,7 +13,8 @@ import struct
 import numpy as np
 import pytest
 
-from llmrs_core.formats.gguf import GGUFField, GGUFValueType, write_gguf
+from llmrs_core.formats.gguf import GGUFField, GGUFValueType
+from llmrs_core.formats.gguf_writer import write_gguf
 from llmrs_core.testing import write_tiny_llama
 
 gguf = pytest.importorskip("gguf")

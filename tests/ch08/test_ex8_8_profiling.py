@@ -8,9 +8,9 @@ import sys
 import pytest
 
 import llmrs_core as llmrs
-from llmrs_core.formats.ggml_types import GGMLType
-from llmrs_core.formats.gguf import TensorToWrite, write_gguf
+from llmrs_core.formats.gguf_writer import TensorToWrite, write_gguf
 from llmrs_core.quant.ggml_blocks import quantize
+from llmrs_core.quant.types import GGMLType
 from llmrs_core.testing import TINY_LLAMA, tiny_llama_metadata, tiny_llama_tensors
 
 PARAMS = {**TINY_LLAMA, "hidden_size": 64, "intermediate_size": 128}

@@ -12,10 +12,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from llmrs_core.formats.ggml_types import GGMLType
 from llmrs_core.kernels.gpu.arrays import to_device, to_host, xp
 from llmrs_core.quant.dequant import fp16_field, split_blocks, unpack_nibbles
 from llmrs_core.quant.ggml_blocks import quantize_q4_1
+from llmrs_core.quant.types import GGMLType
 from llmrs_core.testing import float32_tolerance, normalised_error
 
 

@@ -3,7 +3,7 @@
 The expected addresses and sizes follow from the rules in ``MemoryPool``'s docstring
 (PyTorch's ``CUDACachingAllocator``): 512-byte rounding, 2 MiB small segments, 20 MiB large
 segments below 10 MiB, best fit by (size, address). The last test replays a random workload
-on the engine's allocator (``llmrs_core.kernels.gpu.memory_pool``) and on yours, and also
+on the reference allocator (``llmrs_core.labs.memory_pool``) and on yours, and also
 checks what needs no reference: no two live blocks overlap, and bytes written into a live
 block survive.
 """
@@ -16,8 +16,8 @@ import random
 import numpy as np
 import pytest
 
-from llmrs_core.kernels.gpu.fake_device import BASE, FakeDevice
-from llmrs_core.kernels.gpu.memory_pool import CachingAllocator
+from llmrs_core.labs.fake_device import BASE, FakeDevice
+from llmrs_core.labs.memory_pool import CachingAllocator
 
 KiB, MiB = 1024, 1024 * 1024
 STAT_KEYS = {

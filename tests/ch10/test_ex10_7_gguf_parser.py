@@ -12,9 +12,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from llmrs_core.formats.ggml_types import GGMLType
-from llmrs_core.formats.gguf import GGUFField, GGUFValueType, TensorToWrite, read_gguf
-from llmrs_core.formats.gguf import write_gguf as engine_write_gguf
+from llmrs_core.formats.gguf import GGUFField, GGUFValueType, read_gguf
+from llmrs_core.formats.gguf_writer import TensorToWrite
+from llmrs_core.formats.gguf_writer import write_gguf as engine_write_gguf
+from llmrs_core.quant.types import GGMLType
 from llmrs_core.testing import TINY_LLAMA, assert_matches, tiny_llama_tensors, write_tiny_llama
 
 gguf = pytest.importorskip("gguf")

@@ -75,7 +75,8 @@ MIX_SEED = 28
 def write_mix_source(path) -> None:
     """Write the F32 model the mixes are made from (random weights of seed :data:`MIX_SEED`, the
     byte-level tokenizer of ``llmrs_core.testing``)."""
-    from llmrs_core.formats.gguf import GGUFField, GGUFValueType, write_gguf
+    from llmrs_core.formats.gguf import GGUFField, GGUFValueType
+    from llmrs_core.formats.gguf_writer import write_gguf
     from llmrs_core.testing import byte_level_tokenizer_metadata, tiny_llama_metadata, tiny_llama_tensors
 
     metadata = tiny_llama_metadata(**MIX_MODEL) | byte_level_tokenizer_metadata()

@@ -15,8 +15,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from llmrs_core.formats.ggml_types import GGMLType
 from llmrs_core.kernels.cpu import activations
+from llmrs_core.quant.types import GGMLType
 
 pytestmark = pytest.mark.core
 

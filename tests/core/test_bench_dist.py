@@ -29,7 +29,8 @@ from llmrs_core.bench.dist import (
 )
 from llmrs_core.bench.report import markdown, raw_table
 from llmrs_core.bench.suite import DistBench, Plan, QuantBench, run_all
-from llmrs_core.formats.gguf import read_gguf, write_gguf
+from llmrs_core.formats.gguf import read_gguf
+from llmrs_core.formats.gguf_writer import write_gguf
 from llmrs_core.ops import profile
 from llmrs_core.testing import (
     TINY_TEXT_LLAMA,

@@ -17,11 +17,11 @@ from numba import njit
 
 import llmrs_core as llmrs
 from llmrs_core import profiling
-from llmrs_core.formats.ggml_types import GGMLType
-from llmrs_core.formats.gguf import TensorToWrite, write_gguf
+from llmrs_core.formats.gguf_writer import TensorToWrite, write_gguf
 from llmrs_core.kernels.cpu import matmul
 from llmrs_core.kernels.cpu.inspect import packed_fma_unavailable
 from llmrs_core.quant.ggml_blocks import quantize
+from llmrs_core.quant.types import GGMLType
 from llmrs_core.testing import chapter_tests, plant, solution_with, tiny_llama_metadata, tiny_llama_tensors
 from llmrs_core.testing import failure_message as failure
 

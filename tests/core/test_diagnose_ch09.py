@@ -26,8 +26,8 @@ try:
 except runtime.CudaUnavailableError as e:  # numba.cuda imported earlier in this process, for no GPU
     pytest.skip(f"chapter 9's kernels cannot run in this process: {e}", allow_module_level=True)
 
-from llmrs_core.kernels.gpu.fake_device import FakeDevice  # noqa: E402
-from llmrs_core.kernels.gpu.memory_pool import CachingAllocator  # noqa: E402
+from llmrs_core.labs.fake_device import FakeDevice  # noqa: E402
+from llmrs_core.labs.memory_pool import CachingAllocator  # noqa: E402
 from llmrs_core.testing import chapter_tests, plant, solution_with, with_methods  # noqa: E402
 from llmrs_core.testing import failure_message as failure  # noqa: E402
 

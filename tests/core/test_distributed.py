@@ -19,9 +19,9 @@ import llmrs_core as llmrs
 from llmrs_core.distributed import GroupBroken, LocalCommunicator, RankFailed, run_local, sharding
 from llmrs_core.distributed.launch import LaunchError, connect
 from llmrs_core.distributed.shard import ShardSource, ShardSpec
-from llmrs_core.formats.ggml_types import GGMLType
 from llmrs_core.quant.dequant import dequantize
 from llmrs_core.quant.ggml_blocks import quantize
+from llmrs_core.quant.types import GGMLType
 from llmrs_core.testing import float32_tolerance, normalised_error, tiny_llama_config, write_tiny_llama
 
 IDS = [3, 17, 5, 60, 0, 9, 9, 41, 22, 1]
@@ -261,7 +261,7 @@ def test_a_decode_step_all_reduces_two_vectors_per_layer_and_the_embedding(tiny)
 
 @pytest.mark.parametrize("p", [2, 3, 4])
 def test_the_ring_all_reduce_equals_the_communicator_s(p):
-    from llmrs_core.distributed.ring import ring_all_reduce
+    from llmrs_core.labs.ring import ring_all_reduce
 
     def body(comm):
         x = np.random.default_rng(comm.rank).standard_normal((7, 11)).astype(np.float32)

@@ -162,7 +162,7 @@ def test_every_family_flag_matters():
 
 
 def test_an_unsupported_rope_scaling_is_refused(tmp_path):
-    from llmrs_core.formats.gguf import write_gguf
+    from llmrs_core.formats.gguf_writer import write_gguf
     from llmrs_core.testing import TINY_LLAMA, tiny_llama_metadata, tiny_llama_tensors
 
     md = tiny_llama_metadata(**TINY_LLAMA) | {"llama.rope.scaling.type": "yarn", "llama.rope.scaling.factor": 4.0}

@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file
 
-from llmrs_core.formats.ggml_types import GGMLType
 from llmrs_core.formats.gguf import read_gguf
+from llmrs_core.quant.types import GGMLType
 from llmrs_core.testing import normalised_error
 
 ROOT = Path(__file__).resolve().parents[1] / "golden" / "families"

@@ -8,15 +8,9 @@ import struct
 import numpy as np
 import pytest
 
-from llmrs_core.formats.ggml_types import GGMLType
-from llmrs_core.formats.gguf import (
-    GGUFError,
-    GGUFField,
-    GGUFValueType,
-    TensorToWrite,
-    read_gguf,
-    write_gguf,
-)
+from llmrs_core.formats.gguf import GGUFError, GGUFField, GGUFValueType, read_gguf
+from llmrs_core.formats.gguf_writer import TensorToWrite, write_gguf
+from llmrs_core.quant.types import GGMLType
 from llmrs_core.testing import write_tiny_llama
 
 

@@ -5,14 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from llmrs_core.formats.ggml_types import GGMLType
-from llmrs_core.formats.gguf import (
-    GGUFField,
-    GGUFValueType,
-    TensorToWrite,
-    read_gguf,
-    write_gguf,
-)
+from llmrs_core.formats.gguf import GGUFField, GGUFValueType, read_gguf
+from llmrs_core.formats.gguf_writer import TensorToWrite, write_gguf
+from llmrs_core.quant.types import GGMLType
 from llmrs_core.testing import write_tiny_llama
 
 gguf = pytest.importorskip("gguf", reason="the gguf package is the test-time reference")

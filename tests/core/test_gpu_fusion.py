@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 
 from llmrs_core import layers
-from llmrs_core.kernels.gpu import fusion as F
-from llmrs_core.kernels.gpu import fusion_codegen as C
+from llmrs_core.labs import fusion as F
+from llmrs_core.labs import fusion_codegen as C
 from llmrs_core.testing import float32_tolerance, normalised_error
 
 SHAPES = [(1, 64), (3, 40), (7, 576)]

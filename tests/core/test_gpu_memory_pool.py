@@ -1,4 +1,4 @@
-"""The caching GPU allocator (llmrs_core.kernels.gpu.memory_pool) on a fake device, CPU only.
+"""The caching GPU allocator (llmrs_core.labs.memory_pool) on a fake device, CPU only.
 
 Expected values follow from PyTorch's ``CUDACachingAllocator`` rules as the module docstring
 states them (512-byte rounding, 2 MiB small segments, 20 MiB large segments below 10 MiB,
@@ -17,8 +17,8 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from llmrs_core.kernels.gpu.fake_device import BASE, POISON, FakeDevice, FakeEvents
-from llmrs_core.kernels.gpu.memory_pool import (
+from llmrs_core.labs.fake_device import BASE, POISON, FakeDevice, FakeEvents
+from llmrs_core.labs.memory_pool import (
     PYTORCH_CONFIG,
     CachingAllocator,
     OutOfMemoryError,
@@ -26,7 +26,7 @@ from llmrs_core.kernels.gpu.memory_pool import (
     round_size,
     segment_size,
 )
-from llmrs_core.kernels.gpu.memory_workload import DecodeWorkload, decode_trace, replay
+from llmrs_core.labs.memory_workload import DecodeWorkload, decode_trace, replay
 
 KiB, MiB = 1024, 1024 * 1024
 

@@ -13,9 +13,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from llmrs_core.kernels.gpu.fake_device import FakeDevice
-from llmrs_core.kernels.gpu.memory_pool import OutOfMemoryError
-from llmrs_core.kernels.gpu.memory_pool_cupy import CUDA_ERROR_MEMORY_ALLOCATION, install_on_cupy
+from llmrs_core.labs.fake_device import FakeDevice
+from llmrs_core.labs.memory_pool import OutOfMemoryError
+from llmrs_core.labs.memory_pool_cupy import CUDA_ERROR_MEMORY_ALLOCATION, install_on_cupy
 
 MiB = 1024 * 1024
 

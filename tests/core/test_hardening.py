@@ -20,7 +20,8 @@ from hypothesis import strategies as st
 import llmrs_core as llmrs
 from llmrs_core.config import ConfigError
 from llmrs_core.engine import Engine, RequestRejected
-from llmrs_core.formats.gguf import read_gguf, write_gguf
+from llmrs_core.formats.gguf import read_gguf
+from llmrs_core.formats.gguf_writer import write_gguf
 from llmrs_core.generate import generate_ids
 from llmrs_core.sampling import SamplingParams
 from llmrs_core.testing import (

@@ -135,8 +135,8 @@ def test_bit_planes_hold_the_high_bits_row_by_row():
 
 
 def test_each_copy_quantises_its_input_as_llamacpp_does_for_its_type():
-    from llmrs_core.formats.ggml_types import GGMLType
     from llmrs_core.quant import registry
+    from llmrs_core.quant.types import GGMLType
 
     ones = np.ones((32, 256), np.int8), np.ones((32, 16), np.float32)
     raw = registry.quantizer(GGMLType.Q6_K)(np.ones((32, 256), np.float32)).reshape(-1)
@@ -364,9 +364,9 @@ def test_a_request_computes_the_same_numbers_batched_as_alone(tmp_path):
 def test_fused_parts_keep_their_types_form():
     """Q, K and V fused into one matrix: the parts' copies are stacked (the products of the whole are
     the parts' side by side); Q6_K and Q3_K parts (one packed shape, two copy forms) are not fused."""
-    from llmrs_core.formats.ggml_types import GGMLType
     from llmrs_core.kernels.cpu.packing import fuse, pack_raw
     from llmrs_core.quant import registry
+    from llmrs_core.quant.types import GGMLType
 
     rng = np.random.default_rng(3)
     x = rng.standard_normal((2, 256)).astype(np.float32)
@@ -388,9 +388,9 @@ def test_fused_parts_keep_their_types_form():
 def test_q4_k_scales_as_stored_give_the_same_numbers_in_fewer_bytes():
     """``"q4k"`` forms ``d sc`` and ``-dmin mn`` in the kernel (exact float32 products) instead of
     reading them: the products must be the ``"q4"`` copy's bit for bit, from 19 bytes per 32 weights."""
-    from llmrs_core.formats.ggml_types import GGMLType
     from llmrs_core.kernels.cpu.packing import pack_raw
     from llmrs_core.quant import registry
+    from llmrs_core.quant.types import GGMLType
 
     rng = np.random.default_rng(11)
     rows, cols = 72, 512
@@ -412,9 +412,9 @@ def test_fused_parts_of_two_forms_take_the_form_both_fit(tmp_path):
     """Qwen2.5's Q4_K_M file fuses Q5_0 q and k with a Q8_0 v: the whole takes the 8-bit form both
     fit (one product), not the float kernels, and gives the numbers of the parts alone."""
     import llmrs_core as llmrs
-    from llmrs_core.formats.ggml_types import GGMLType
-    from llmrs_core.formats.gguf import TensorToWrite, write_gguf
+    from llmrs_core.formats.gguf_writer import TensorToWrite, write_gguf
     from llmrs_core.quant.ggml_blocks import quantize
+    from llmrs_core.quant.types import GGMLType
     from llmrs_core.testing import TINY_LLAMA, tiny_llama_metadata, tiny_llama_tensors
 
     params = {**TINY_LLAMA, "hidden_size": 64, "intermediate_size": 128, "n_heads": 4, "n_kv_heads": 2}

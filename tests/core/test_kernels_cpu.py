@@ -17,7 +17,6 @@ import pytest
 import llmrs_core as llmrs
 from llmrs_core import attention as reference_attention
 from llmrs_core import layers, rope
-from llmrs_core.formats.ggml_types import GGMLType
 from llmrs_core.kernels.cpu import matmul as km
 from llmrs_core.kernels.cpu import ops
 from llmrs_core.kernels.cpu.inspect import assembly, instruction_mix, packed_fma_unavailable, vector_summary
@@ -31,6 +30,7 @@ from llmrs_core.kernels.cpu.threads import (
 )
 from llmrs_core.quant.dequant import dequantize
 from llmrs_core.quant.ggml_blocks import quantize
+from llmrs_core.quant.types import GGMLType
 from llmrs_core.testing import float32_tolerance, normalised_error, write_tiny_llama
 
 TYPES = ["Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q6_K"]

@@ -59,7 +59,7 @@ def test_forward_rejects_bad_ids(tiny):
 
 
 def test_missing_tensor_is_named(tmp_path):
-    from llmrs_core.formats.gguf import write_gguf
+    from llmrs_core.formats.gguf_writer import write_gguf
     from llmrs_core.testing import tiny_llama_metadata
 
     tensors = tiny_llama_tensors(**TINY_LLAMA)

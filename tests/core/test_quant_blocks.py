@@ -7,11 +7,12 @@ import numpy as np
 import pytest
 
 import llmrs_core as llmrs
-from llmrs_core.formats.ggml_types import GGMLType
-from llmrs_core.formats.gguf import TensorToWrite, read_gguf, write_gguf
+from llmrs_core.formats.gguf import read_gguf
+from llmrs_core.formats.gguf_writer import TensorToWrite, write_gguf
 from llmrs_core.quant.dequant import dequantize
 from llmrs_core.quant.ggml_blocks import matvec, quantize
 from llmrs_core.quant.requantize import requantize_gguf
+from llmrs_core.quant.types import GGMLType
 from llmrs_core.testing import float32_tolerance, write_tiny_llama
 
 gguf = pytest.importorskip("gguf", reason="gguf-py is the test-time reference")

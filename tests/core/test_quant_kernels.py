@@ -20,9 +20,9 @@ import numpy as np
 import pytest
 
 import llmrs_core as llmrs
-from llmrs_core.formats.ggml_types import GGMLType
 from llmrs_core.kernels.cpu.activations import ACTIVATION_SCHEME, SCHEME_BLOCK
 from llmrs_core.kernels.cpu.int8 import int8_unavailable
+from llmrs_core.quant.types import GGMLType
 from llmrs_core.testing import float32_tolerance, normalised_error, write_tiny_llama
 
 PATHS = {"Q5_0": ("q8", 32, True), "IQ4_NL": ("q8", 32, True), "IQ4_XS": ("q8", 32, True),

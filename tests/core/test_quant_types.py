@@ -22,9 +22,10 @@ import numpy as np
 import pytest
 
 from llmrs_core.config import ConfigError
-from llmrs_core.formats.ggml_types import TYPE_TRAITS, GGMLType, type_traits
-from llmrs_core.formats.gguf import TensorToWrite, read_gguf, write_gguf
+from llmrs_core.formats.gguf import read_gguf
+from llmrs_core.formats.gguf_writer import TensorToWrite, write_gguf
 from llmrs_core.quant import registry
+from llmrs_core.quant.types import TYPE_TRAITS, GGMLType, type_traits
 from llmrs_core.testing import tiny_llama_metadata, tiny_llama_tensors
 from tests.core.quant_cases import CASE_NAMES, make_case
 

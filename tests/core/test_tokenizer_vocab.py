@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 import llmrs_core as llmrs
 from llmrs_core.testing import first_difference
 from llmrs_core.tokenizer import Tokenizer
+from llmrs_core.tokenizer.hf import from_hf_dir, save_hf
 from llmrs_core.vocab_fetch import FETCH_COMMAND, is_complete, vocab_dir, vocab_vectors
 
 BPE_VOCABS = ("llama-bpe", "qwen2", "qwen35", "gpt-2", "starcoder", "refact", "command-r",
@@ -86,7 +87,7 @@ def hf_reference(load, tmp_path_factory):
     def get(name: str):
         if name not in made:
             directory = tmp_path_factory.mktemp(name)
-            load(name).save_hf(directory)
+            save_hf(load(name), directory)
             hf = tokenizers.Tokenizer.from_file(str(directory / "tokenizer.json"))
             hf.encode_special_tokens = True  # control tokens as text, as allow_special=False
             made[name] = hf, directory
@@ -107,7 +108,7 @@ def test_save_hf_round_trips_on_the_vectors(vocab_files, load, hf_reference, nam
         assert hf.encode(text, add_special_tokens=False).ids == ids, f"{name}: Hugging Face on {text!r}"
         assert hf.decode(ids) == text
     if name in READ_BACK:
-        ours, back = load(name), Tokenizer.from_hf_dir(directory)
+        ours, back = load(name), from_hf_dir(directory)
         assert (back.kind, back.pre and back.pre.name, back.add_bos, back.stop_token_ids, back.specials.rstrip) == (
             ours.kind, ours.pre and ours.pre.name, ours.add_bos, ours.stop_token_ids, ours.specials.rstrip)
         for text, ids in cases:
@@ -319,7 +320,7 @@ def test_end_of_generation_ids(load, name, stops):
 
 
 def write_vocab(path: Path, **metadata) -> Path:
-    from llmrs_core.formats.gguf import write_gguf
+    from llmrs_core.formats.gguf_writer import write_gguf
 
     md = {"general.architecture": "llama", "tokenizer.ggml.model": "gpt2",
           "tokenizer.ggml.tokens": ["a", "b", "ab"], "tokenizer.ggml.merges": ["a b"]} | metadata
@@ -364,8 +365,8 @@ def test_cli_tokenize_reads_vocab_only_files(vocab_files, load, capsys, name):
 
 def test_hf_directories_we_cannot_read_exactly_are_refused(tmp_path):
     tok = Tokenizer(["a", "b", "ab"], ["a b"], pre="llama-bpe")
-    tok.save_hf(tmp_path)
-    back = Tokenizer.from_hf_dir(tmp_path)
+    save_hf(tok, tmp_path)
+    back = from_hf_dir(tmp_path)
     assert (back.pre.name, back.tokens, back.ranks) == ("llama-bpe", tok.tokens, tok.ranks)
     data = json.loads((tmp_path / "tokenizer.json").read_text())
     for pre in ({"type": "Whitespace"}, {"type": "Sequence", "pretokenizers": [
@@ -373,7 +374,7 @@ def test_hf_directories_we_cannot_read_exactly_are_refused(tmp_path):
             {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False}]}):
         (tmp_path / "tokenizer.json").write_text(json.dumps(data | {"pre_tokenizer": pre}))
         with pytest.raises(ValueError, match=r"tokenizer\.json: the pre_tokenizer is none of the supported .*llama-bpe"):
-            Tokenizer.from_hf_dir(tmp_path)
+            from_hf_dir(tmp_path)
     (tmp_path / "tokenizer.json").write_text(json.dumps(data | {"model": {"type": "WordPiece", "vocab": {}}}))
     with pytest.raises(ValueError, match=r"tokenizer\.json: only BPE models"):
-        Tokenizer.from_hf_dir(tmp_path)
+        from_hf_dir(tmp_path)

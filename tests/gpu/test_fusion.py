@@ -17,10 +17,10 @@ import numpy as np
 import pytest
 
 from llmrs_core import layers
-from llmrs_core.kernels.gpu import fusion as F
-from llmrs_core.kernels.gpu import fusion_codegen as C
 from llmrs_core.kernels.gpu import runtime
 from llmrs_core.kernels.gpu.arrays import to_device, to_host
+from llmrs_core.labs import fusion as F
+from llmrs_core.labs import fusion_codegen as C
 from llmrs_core.testing import float32_tolerance, normalised_error
 
 SHAPES = [(3, 64), (2, 40)]  # D = 40: threads stride past the row's end
@@ -67,7 +67,7 @@ COMPILE = textwrap.dedent(
     import os
     os.environ["NUMBA_FORCE_CUDA_CC"] = "9.0"  # name the target: no NVRTC query (as compile_check does)
     from numba import cuda
-    from llmrs_core.kernels.gpu import fusion as F, fusion_codegen as C
+    from llmrs_core.labs import fusion as F, fusion_codegen as C
     for block, kinds in ((F.residual_rms_norm, dict(x="elem", residual="elem", weight="col")),
                          (F.swiglu, dict(gate="elem", up="elem"))):
         g = F.trace(block, **kinds)

@@ -13,13 +13,13 @@ import pytest
 
 from llmrs_core import attention as ref_attention
 from llmrs_core import layers, rope
-from llmrs_core.formats.ggml_types import GGMLType
 from llmrs_core.kernels.gpu import attention, elementwise, matvec, sampling
 from llmrs_core.kernels.gpu.arrays import launch, to_device, to_host, xp
 from llmrs_core.kv_cache.paged import PagedKVCache
 from llmrs_core.kv_cache.paged import paged_attention as ref_paged_attention
 from llmrs_core.quant.dequant import dequantize
 from llmrs_core.quant.ggml_blocks import quantize
+from llmrs_core.quant.types import GGMLType
 from llmrs_core.sampling import SamplingParams, sample_token
 from llmrs_core.testing import float32_tolerance, normalised_error, tiny_llama_config
 

@@ -33,7 +33,7 @@ import math
 import numpy as np
 from numba import njit, prange
 
-from ...formats.ggml_types import GGMLType
+from ...quant.types import GGMLType
 
 #: the activation quantisation (``vec_dot_type``) llama.cpp's CPU backend uses for each weight type
 ACTIVATION_SCHEME: dict[GGMLType, str] = {

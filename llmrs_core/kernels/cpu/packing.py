@@ -38,7 +38,6 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ...formats.ggml_types import GGMLType, type_traits
 from ...quant.dequant import (
     dequantize,
     iq4_nl_symmetric,
@@ -51,6 +50,7 @@ from ...quant.dequant import (
 from ...quant.iq4 import iq4_xs_symmetric
 from ...quant.kquants import q4_k_affine, q5_k_affine, q6_k_symmetric
 from ...quant.kquants_low import q2_k_affine, q3_k_symmetric
+from ...quant.types import GGMLType, type_traits
 from .activations import activation_scheme
 
 if TYPE_CHECKING:

@@ -24,8 +24,8 @@ from typing import Any
 
 import numpy as np
 
-from ...formats.ggml_types import GGMLType
 from ...quant.dequant import fp16_field, split_blocks
+from ...quant.types import GGMLType
 from . import runtime
 from .arrays import grid_1d, launch, limits, pow2_at_least, to_device, xp
 

@@ -2,7 +2,7 @@
 
 For ``scripts/gpu_check.py``::
 
-    from llmrs_core.kernels.gpu.memory_pool_cupy import install_on_cupy
+    from llmrs_core.labs.memory_pool_cupy import install_on_cupy
     handle = install_on_cupy()        # every CuPy allocation now goes through our pool
     ...                               # run the workload
     print(handle.pool.stats())        # allocated/reserved bytes, cache hits, segments
@@ -10,7 +10,7 @@ For ``scripts/gpu_check.py``::
 
 or, all of that with values checked on two streams: ``stats = check_on_gpu()``.
 
-Pieces: :class:`CupyDevice` is the :class:`~llmrs_core.kernels.gpu.memory_pool.DeviceAllocator`
+Pieces: :class:`CupyDevice` is the :class:`~llmrs_core.labs.memory_pool.DeviceAllocator`
 (``cudaMalloc``/``cudaFree``/``cudaMemGetInfo`` through ``cupy.cuda.runtime``);
 :class:`CupyEvents` records ``cudaEvent``\\ s on streams known by their handle; and
 ``allocate(nbytes)`` wraps a pool block in ``cupy.cuda.UnownedMemory`` whose owner gives the
@@ -27,7 +27,7 @@ import weakref
 from dataclasses import dataclass
 from typing import Any
 
-from llmrs_core.kernels.gpu.memory_pool import (
+from llmrs_core.labs.memory_pool import (
     PYTORCH_CONFIG,
     CachingAllocator,
     DeviceMallocError,

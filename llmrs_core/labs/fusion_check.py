@@ -15,9 +15,10 @@ from typing import Any
 
 import numpy as np
 
-from ... import layers
-from ...testing import float32_tolerance, normalised_error
-from . import fusion, fusion_codegen, runtime
+from .. import layers
+from ..kernels.gpu import runtime
+from ..testing import float32_tolerance, normalised_error
+from . import fusion, fusion_codegen
 
 
 def _median_us(result: Any) -> float:

@@ -11,8 +11,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from .matmul import block_sums
-from .packing import PackedMatrix
+from ..kernels.cpu.matmul import block_sums
+from ..kernels.cpu.packing import PackedMatrix
 
 
 def row_major(w: PackedMatrix) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -1,6 +1,6 @@
 """Code generation for the fusion pass: one kernel from a traced graph (chapter 9, §9.6).
 
-From one :class:`~llmrs_core.kernels.gpu.fusion.Graph` (at most one row reduction), three
+From one :class:`~llmrs_core.labs.fusion.Graph` (at most one row reduction), three
 renderings of the same statements:
 
 - :func:`numba_source` / :func:`build_numba_kernel`: **one numba.cuda kernel**. A thread
@@ -188,7 +188,7 @@ class FusedKernel:
         ``out`` maps output names to ``[T, D]`` float32 arrays to write; by default they are
         new arrays filled with NaN, so that an element the kernel fails to write shows up.
         """
-        from .arrays import launch, limits, xp
+        from ..kernels.gpu.arrays import launch, limits, xp
 
         if all(isinstance(a, np.ndarray) for a in arrays.values()):
             check_inputs(self.graph, arrays)
@@ -229,8 +229,8 @@ def numba_function(graph: Graph, d: int, threads: int, cuda: Any) -> Callable[..
 
 def build_numba_kernel(graph: Graph, d: int, threads: int | None = None) -> FusedKernel:
     """Compile :func:`numba_source` with ``numba.cuda.jit`` (on a GPU, or in the simulator)."""
-    from . import runtime
-    from .arrays import limits, pow2_at_least
+    from ..kernels.gpu import runtime
+    from ..kernels.gpu.arrays import limits, pow2_at_least
 
     threads = threads or pow2_at_least(d, limits()[0])
     cuda = runtime.require_cuda("the fused kernel")

@@ -1,8 +1,8 @@
 """A pretend GPU for the memory pool: an address space, its bytes, and streams' events (chapter 9, §9.4).
 
-The caching allocator (:mod:`llmrs_core.kernels.gpu.memory_pool`) only needs a
-:class:`~llmrs_core.kernels.gpu.memory_pool.DeviceAllocator` and an
-:class:`~llmrs_core.kernels.gpu.memory_pool.EventSource`; these fakes stand in for
+The caching allocator (:mod:`llmrs_core.labs.memory_pool`) only needs a
+:class:`~llmrs_core.labs.memory_pool.DeviceAllocator` and an
+:class:`~llmrs_core.labs.memory_pool.EventSource`; these fakes stand in for
 ``cudaMalloc`` and ``cudaEventRecord`` so the pool is tested, and its behaviour plotted,
 on a machine with no GPU:
 
@@ -21,7 +21,7 @@ from collections.abc import Hashable
 
 import numpy as np
 
-from llmrs_core.kernels.gpu.memory_pool import DeviceMallocError
+from llmrs_core.labs.memory_pool import DeviceMallocError
 
 BASE = 0x7F00_0000_0000  # where the fake address space starts (never 0, so a null pointer is an error)
 POISON = 0xDD  # written over freed ranges

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .communicator import Communicator
+from ..distributed.communicator import Communicator
 
 
 def _exchange(comm: Communicator, send: np.ndarray, recv: np.ndarray, tag: int) -> None:
@@ -59,11 +59,11 @@ def ring_bytes_sent(n_bytes: int, p: int) -> float:
 
 
 def main() -> int:
-    """Under ``mpiexec -n P python -m llmrs_core.distributed.ring``: the ring against MPI's all-reduce."""
+    """Under ``mpiexec -n P python -m llmrs_core.labs.ring``: the ring against MPI's all-reduce."""
     import json
 
+    from ..distributed.mpi import world
     from ..testing import normalised_error
-    from .mpi import world
 
     comm = world()
     x = np.random.default_rng(comm.rank).standard_normal(100_003).astype(np.float32)

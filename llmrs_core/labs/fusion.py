@@ -13,14 +13,14 @@ is used later. This module is the front half of such a compiler:
   (``[T, D]``), ``"col"`` (``[D]``, a weight broadcast over rows), ``"row"`` (``[T]``, a
   per-row reduction broadcast over columns) or ``"scalar"`` (a constant baked into the code);
 - :func:`eager_plan`, :func:`fused_plan` and the CuPy plan of
-  :mod:`llmrs_core.kernels.gpu.fusion_codegen` list the kernels each strategy launches with
+  :mod:`llmrs_core.labs.fusion_codegen` list the kernels each strategy launches with
   what each reads and writes, and :func:`traffic` turns a plan into launches and bytes;
 - :func:`run_eager` executes the graph op by op in NumPy, counting the bytes of the arrays
   it actually reads and writes, the "before" that fused code is checked against.
 
 The byte model: a kernel reads each of its input arrays from DRAM once and writes each
 output once (what it keeps in registers or shared memory costs nothing); constants are
-free. :mod:`llmrs_core.kernels.gpu.fusion_codegen` generates the fused code from a graph.
+free. :mod:`llmrs_core.labs.fusion_codegen` generates the fused code from a graph.
 """
 
 from __future__ import annotations

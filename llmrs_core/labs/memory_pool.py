@@ -36,7 +36,7 @@ back to a cache, not to the driver. The rules, and where they come from:
 The device is reached only through the :class:`DeviceAllocator` protocol, and streams'
 events through :class:`EventSource`, so the whole pool is tested on the CPU with a fake
 address space (``tests/core/test_gpu_memory_pool.py``) and plugged into CuPy on a GPU by
-:func:`llmrs_core.kernels.gpu.memory_pool_cupy.install_on_cupy`. Every operation holds the pool's
+:func:`llmrs_core.labs.memory_pool_cupy.install_on_cupy`. Every operation holds the pool's
 lock, so threads may share a pool; a finaliser must call :meth:`CachingAllocator.free_later`
 instead of ``free``, since it may run on a thread that is already inside the pool.
 """

@@ -1,6 +1,7 @@
 """Hugging Face ``tokenizer.json`` / ``tokenizer_config.json``: reading and writing (chapters 2 and 10).
 
-Layouts (what :func:`write_hf_dir` writes and :func:`read_hf_dir` reads back):
+``from_hf_dir(directory) -> Tokenizer`` and ``save_hf(tokenizer, directory)``.
+Layouts (what :func:`save_hf` writes and :func:`from_hf_dir` reads back):
 
 * SmolLM2 (``smollm``): pre-tokeniser ``Sequence[Digits(individual_digits), ByteLevel(use_regex)]``,
   as SmolLM2's own file has it;
@@ -22,16 +23,15 @@ whether it is special (control) or not (user-defined: matched even in plain text
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .pretokenizers import PRE_TOKENIZERS, PreTokenizer
 from .sentencepiece import SPACE
 from .special import TOKEN_BYTE, TOKEN_CONTROL, TOKEN_NORMAL, TOKEN_UNKNOWN, TOKEN_UNUSED, TOKEN_USER_DEFINED
-
-if TYPE_CHECKING:
-    from .tokenizer import Tokenizer
+from .tokenizer import Tokenizer
 
 SMOLLM2_PRE_TOKENIZER = {
     "type": "Sequence",
@@ -110,6 +110,18 @@ def _pre_from_hf(entry: Any, named: str | None = None) -> str | None:
 def _is_sentencepiece(data: dict[str, Any]) -> bool:
     model = data.get("model")
     return isinstance(model, dict) and bool(model.get("byte_fallback")) and data.get("pre_tokenizer") is None
+
+
+def from_hf_dir(directory: str | os.PathLike[str]) -> Tokenizer:
+    """Build the tokenizer from a Hugging Face ``tokenizer.json`` (+ ``tokenizer_config.json``).
+
+    Byte-level BPE with any pre-tokeniser of :mod:`.pretokenizers` in the
+    layout :func:`save_hf` writes (``Split`` by each pattern, then
+    ``ByteLevel``; SmolLM2's ``Digits`` + ``ByteLevel``), and SentencePiece
+    as Hugging Face converts it (BPE with ``▁`` and byte fallback). Anything
+    else raises ``ValueError`` rather than encode wrongly.
+    """
+    return Tokenizer(**read_hf_dir(Path(directory)))
 
 
 def read_hf_dir(directory: Path) -> dict[str, Any]:
@@ -219,8 +231,10 @@ def _sentencepiece_merges(tok: Tokenizer) -> list[list[str]]:
     return [list(lr) for _, _, lr in merges]
 
 
-def write_hf_dir(tok: Tokenizer, directory: Path) -> None:
-    """Write ``tokenizer.json`` and ``tokenizer_config.json`` for ``tok`` (the layouts above)."""
+def save_hf(tok: Tokenizer, directory: str | os.PathLike[str]) -> None:
+    """Write ``tokenizer.json`` and ``tokenizer_config.json`` for ``tok`` (the layouts above), which
+    Hugging Face ``tokenizers`` (and :func:`from_hf_dir`) read as this tokenizer."""
+    directory = Path(directory)
     added = [
         {"id": i, "content": t, "single_word": False, "lstrip": i in tok.specials.lstrip,
          "rstrip": i in tok.specials.rstrip, "normalized": False,

@@ -7,7 +7,9 @@ elements of a row in ``type_size`` bytes, so a row of ``n`` elements takes
 ``ggml.c`` type traits.
 
 This module is the bottom of the stack (the GGUF reader and ``config``
-import it) and so depends on nothing else in the engine. The functions that
+import it) and so depends on nothing else in the engine. It lives in
+``quant/``, not ``formats/``, so that ``config`` needs no file format (and
+``config`` and ``formats`` do not import each other). The functions that
 decode and encode each type live in :mod:`llmrs_core.quant.registry`, keyed
 by the same enum.
 """
