@@ -25,9 +25,9 @@ from typing import Any
 
 import numpy as np
 
-from .attention import PLAIN, AttentionOptions
-from .backends.base import Backend, EngineParts
-from .sampling import SamplingParams
+from ..attention import PLAIN, AttentionOptions
+from ..backends.base import Backend, EngineParts
+from ..sampling import SamplingParams
 
 
 class InjectedFault(RuntimeError):
