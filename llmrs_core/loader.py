@@ -27,6 +27,7 @@ from .formats.gguf import read_gguf
 from .formats.hf import HFWeights
 from .formats.source import WeightSource
 from .generate import Completion, generate_ids
+from .kv_cache.paged import blocks_for
 from .memory import check_host_allocation
 from .model import LlamaModel, check_tensors, resident_bytes
 from .quant.registry import check_computable
@@ -162,7 +163,7 @@ class Model:
             except ValueError as e:
                 raise ValueError(f"prompt {i}: {e}") from None
         block_size = 16
-        needed = sum(-(-(len(ids) + max_tokens) // block_size) for ids in encoded)
+        needed = sum(blocks_for(len(ids) + max_tokens, block_size) for ids in encoded)
         engine = Engine(self.network, self._tokenizer, num_blocks=min(max(needed, 1), 4096), block_size=block_size)
         outs = engine.generate(encoded, max_tokens, params, stop, stop_token_ids=self._stop_token_ids(),
                                on_text=on_text)

@@ -40,7 +40,7 @@ from .distributed.plan import SingleProcess, StepPlan
 from .formats.source import WeightSource
 from .kv_cache.base import KVCache
 from .kv_cache.checks import checked_advance, checked_view
-from .kv_cache.paged import PagedKVCache, write_decode
+from .kv_cache.paged import PagedKVCache
 from .rope import Rotary
 from .step import StepBatch, prepare_step
 
@@ -384,7 +384,7 @@ class LlamaModel:
         outs: list = [None] * len(step.caches)
         if step.together:
             rows = step.rows  # each such sequence's one row of the step
-            write_decode(step.pool, i, step.slots, k_rot[rows], v[rows])
+            step.pool.write_decode(i, step.slots, k_rot[rows], v[rows])
             attended = b.paged_decode_attention(q[rows], step.pool.k[i], step.pool.v[i], step.slots.tables,
                                                 step.slots.lengths, *options)
             attended = attended.reshape(len(step.together), c.n_heads * c.head_dim)

@@ -17,7 +17,7 @@ import numpy as np
 
 from .kv_cache.base import KVCache
 from .kv_cache.checks import checked_positions
-from .kv_cache.paged import DecodeSlots, PagedKVCache, decode_group, reserve_decode
+from .kv_cache.paged import DecodeSlots, PagedKVCache, decode_group
 
 
 @dataclass
@@ -89,7 +89,7 @@ def prepare_step(batch: list[tuple[Any, KVCache]], vocab_size: int) -> StepBatch
     if group is not None:
         pool, together = group
         together = [j for j in together if not unrotated[j]]
-        slots = reserve_decode(pool, [caches[j].seq for j in together]) if together else None
+        slots = pool.reserve_decode([caches[j].seq for j in together]) if together else None
     ends = np.repeat(np.asarray(lengths, dtype=np.int64) + sizes, sizes)
     return StepBatch(
         ids=np.concatenate(all_ids), positions=positions, bounds=bounds, caches=caches, lengths=lengths,

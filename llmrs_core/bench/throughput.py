@@ -22,6 +22,7 @@ from collections.abc import Callable
 import numpy as np
 
 from ..engine import Engine
+from ..kv_cache.paged import blocks_for
 from ..validation import check_int
 from .common import percentiles, random_ids
 
@@ -37,7 +38,7 @@ def run_workload(
 ) -> dict:
     """Run the requests together; throughput and latency figures as a dict. ``progress`` gets a
     line every :data:`PROGRESS_EVERY` seconds: requests finished and tokens generated so far."""
-    needed = sum(-(-(len(p) + n) // block_size) for p, n in zip(prompts, output_lens))
+    needed = sum(blocks_for(len(p) + n, block_size) for p, n in zip(prompts, output_lens))
     engine = Engine(net, tokenizer, num_blocks=needed + 8, block_size=block_size, max_num_seqs=max_num_seqs,
                     prefix_caching=prefix_caching)
     start = time.perf_counter()
@@ -87,7 +88,7 @@ def single_decode_tokens_per_s(net, n_prompt: int = 64, n_out: int = 64, seed: i
 def batched_decode_tokens_per_s(net, batch: int = 16, n_prompt: int = 64, n_steps: int = 32, seed: int = 0) -> float:
     """Steady-state decode with ``batch`` sequences in every step (one token each), tokens/s."""
     rng = np.random.default_rng(seed)
-    per_seq = -(-(n_prompt + n_steps + 1) // 16)
+    per_seq = blocks_for(n_prompt + n_steps + 1, 16)
     pool_class = net.backend.engine_parts().paged_kv_cache  # the engine's, or the learner's (Exercise 5.7)
     cache = pool_class(net.config, num_blocks=batch * per_seq, block_size=16, xp=net.backend.xp)
     seqs = [cache.sequence(i) for i in range(batch)]

@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..kv_cache.checks import is_learners, method_name
-from ..kv_cache.paged import PagedKVCache
+from ..kv_cache.paged import PagedKVCache, blocks_for
 from .radix_cache import RadixNode
 from .scheduler import Request, RequestStatus, ScheduledChunk
 
@@ -31,10 +31,6 @@ def _method(obj: Any, method: str) -> str:
     cls = type(obj)
     where = "" if cls.__module__.startswith("llmrs_core.") else f" (from {cls.__module__})"
     return f"{cls.__name__}.{method}{where}"
-
-
-def _blocks_for(n_tokens: int, block_size: int) -> int:
-    return -(-n_tokens // block_size)
 
 
 def checked_schedule(
@@ -99,7 +95,7 @@ def checked_schedule(
                 f"(num_tokens {r.num_tokens} - num_computed {r.num_computed})"
             )
         total += n
-        want = _blocks_for(length + n, cache.block_size)
+        want = blocks_for(length + n, cache.block_size)
         if len(table) != want:
             few = len(table) < want
             pool = (f"; or {method_name(cache, 'reserve')}, your pool's, took too {'few' if few else 'many'} blocks"

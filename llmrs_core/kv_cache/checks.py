@@ -156,10 +156,12 @@ def checked_reserve(pool: Any, seq: Any, n: int) -> None:
     the blocks the ``n`` new tokens go to are held by ``seq`` alone (copy-on-write done), so
     that ``write`` may fill them. A :class:`~llmrs_core.kv_cache.paged.PagedKVCache` (or the
     learner's, Exercise 5.7) that breaks this gets a :class:`CacheProtocolError` naming its ``reserve``."""
+    from .paged import blocks_for  # paged calls checked_reserve: imported here, when it runs
+
     where = method_name(pool, "reserve", f"{seq!r}, {n}")
     length, table, bs = pool.lengths[seq], pool.tables[seq], pool.block_size
     counts = pool.allocator.ref_counts
-    want = -(-(length + n) // bs)
+    want = blocks_for(length + n, bs)
     if len(table) != want:
         raise CacheProtocolError(
             f"after {where} the block table holds {len(table)} block(s); {length} + {n} tokens in blocks of "

@@ -1,5 +1,5 @@
 """Decode tokens of the engine's paged pool, written and attended together (``kv_cache.paged.decode_group``,
-``reserve_decode``/``write_decode``, ``Backend.paged_decode_attention``).
+``PagedKVCache.reserve_decode``/``write_decode``, ``Backend.paged_decode_attention``).
 
 * the Numba kernel reads the pool in place and gives the numbers of the contiguous kernel on the
   gathered keys, bit for bit (both call ``ops._attend``); the base backend's default is that
