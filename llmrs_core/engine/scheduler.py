@@ -196,11 +196,7 @@ class Scheduler:
     def _match_prefix(self, request: Request) -> None:
         if self.prefix_cache is None or request.num_computed:
             return
-        from .checks import checked_match  # checks imports this module's types
-
-        tokens = request.all_ids
-        matched, blocks, node = checked_match(self.prefix_cache, tokens, self.prefix_cache.match_prefix(tokens),
-                                              self.cache)
+        matched, blocks, node = self.prefix_cache.match_prefix(request.all_ids)
         if not matched:
             return
         rid = request.request_id

@@ -29,7 +29,6 @@ from ..attention import scaled_dot_product_attention
 from ..config import ModelConfig
 from ..memory import check_host_allocation
 from .base import KVCache
-from .checks import checked_reserve
 
 
 def blocks_for(n_tokens: int, block_size: int) -> int:
@@ -276,12 +275,12 @@ class DecodeSlots:
 
 def decode_group(caches: list[KVCache], sizes: list[int]) -> tuple[PagedKVCache, list[int]] | None:
     """The sequences of a step that can decode together: ``(pool, their indices)`` for those
-    with one new token that are the engine's own :class:`PagedSequence` of the engine's own
-    :class:`PagedKVCache` (the first such pool's), or None where there are none. A learner's
-    cache (Exercises 5.6, 5.7) goes through its own ``write``/``view``, checked, instead."""
+    with one new token that are a :class:`PagedSequence` of a :class:`PagedKVCache` (the first such
+    pool's), or None where there are none. A learner's cache (Exercises 5.6, 5.7) comes wrapped in
+    the workbook's checks, and goes through its own ``write``/``view`` instead."""
     pool, members = None, []
     for j, (cache, t) in enumerate(zip(caches, sizes)):
-        if t != 1 or type(cache) is not PagedSequence or type(cache.cache) is not PagedKVCache:
+        if t != 1 or not isinstance(cache, PagedSequence) or not isinstance(cache.cache, PagedKVCache):
             continue
         if pool is None:
             pool = cache.cache
@@ -294,7 +293,7 @@ class PagedSequence(KVCache):
     """One sequence of a :class:`PagedKVCache`, as a :class:`~llmrs_core.kv_cache.base.KVCache`.
 
     ``LlamaModel.forward(ids, cache=paged.sequence(seq))`` runs unchanged;
-    :meth:`reserve` is called for the new tokens before the first layer writes.
+    :meth:`reserve` makes room for the new tokens before the first layer writes.
     """
 
     def __init__(self, cache: PagedKVCache, seq: Hashable):
@@ -310,10 +309,13 @@ class PagedSequence(KVCache):
 
     def write(self, layer: int, k: np.ndarray, v: np.ndarray) -> None:
         if layer == 0 or self._reserved_for != self.length:
-            self.cache.reserve(self.seq, k.shape[0])
-            checked_reserve(self.cache, self.seq, k.shape[0])  # the pool may be the learner's (5.7)
+            self.reserve(k.shape[0])
             self._reserved_for = self.length
         self.cache.write(layer, self.seq, k, v)
+
+    def reserve(self, n: int) -> None:
+        """Room in the pool for ``n`` new tokens (the pool's ``reserve``: blocks, copy-on-write)."""
+        self.cache.reserve(self.seq, n)
 
     def view(self, layer: int, n_new: int) -> tuple[np.ndarray, np.ndarray]:
         return self.cache.gather(layer, self.seq, n_new)

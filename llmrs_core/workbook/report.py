@@ -123,7 +123,7 @@ def engine_parts(root: Path | None = None) -> dict[str, list[str]] | None:
     Each exercise that plugs into the engine is listed, with an empty list while the
     reference stands in for it. None when the learner backend cannot start here.
     """
-    from ..backends.learner import LearnerBackend
+    from .learner import LearnerBackend
 
     try:
         backend = LearnerBackend(root=root)
