@@ -92,25 +92,11 @@ class CheckedPagedKVCache:
     def __init__(self, inner: Any, yours: bool = False):
         self.inner, self.yours = inner, yours
 
-    @property
-    def tables(self) -> dict:
-        return self.inner.tables
-
-    @property
-    def lengths(self) -> dict:
-        return self.inner.lengths
-
-    @property
-    def allocator(self) -> Any:
-        return self.inner.allocator
-
-    @property
-    def block_size(self) -> int:
-        return self.inner.block_size
-
-    @property
-    def block_bytes(self) -> int:
-        return self.inner.block_bytes
+    tables = property(lambda self: self.inner.tables)
+    lengths = property(lambda self: self.inner.lengths)
+    allocator = property(lambda self: self.inner.allocator)
+    block_size = property(lambda self: self.inner.block_size)
+    block_bytes = property(lambda self: self.inner.block_bytes)
 
     def sequence(self, seq: Hashable) -> CheckedKVCache:
         return CheckedKVCache(CheckedPagedSequence(self.inner, seq, self.yours), self.yours)

@@ -156,13 +156,8 @@ class LearnerBackend(NumpyBackend):
         if theirs is None:
             self.parts[op] = Part(label, "reference", "not in your exercises")
             return None
-        try:
-            got = np.asarray(theirs(*probe))
-        except NotImplementedError:
-            self.parts[op] = Part(label, "reference", "not implemented yet")
-            return None
-        except Exception as e:  # the learner's code may fail in any way; say how, use ours
-            self.parts[op] = Part(label, "reference", f"yours raised {type(e).__name__}: {e}")
+        ran, got = self._try(op, label, lambda: np.asarray(theirs(*probe)))
+        if not ran:
             return None
         want = reference(*probe)
         if got.shape != want.shape:
@@ -181,13 +176,9 @@ class LearnerBackend(NumpyBackend):
         if theirs is None:
             self.parts["sampler"] = Part(label, "reference", "not in your exercises")
             return None
-        try:
-            theirs(np.array([0.0, 1.0], dtype=np.float32), SamplingParams(), np.random.default_rng(0), ())
-        except NotImplementedError:
-            self.parts["sampler"] = Part(label, "reference", "not implemented yet")
-            return None
-        except Exception as e:
-            self.parts["sampler"] = Part(label, "reference", f"yours raised {type(e).__name__}: {e}")
+        ran, _ = self._try("sampler", label, lambda: theirs(
+            np.array([0.0, 1.0], dtype=np.float32), SamplingParams(), np.random.default_rng(0), ()))
+        if not ran:
             return None
         self.parts["sampler"] = Part(label, "yours")
         return theirs
@@ -242,16 +233,21 @@ class LearnerBackend(NumpyBackend):
         if theirs is None or theirs is reference:
             self.parts[op] = Part(label, "reference", "not in your exercises")
             return reference
-        try:
-            try_it(theirs)
-        except NotImplementedError:
-            self.parts[op] = Part(label, "reference", "not implemented yet")
-            return reference
-        except Exception as e:  # the learner's code may fail in any way; say how, use ours
-            self.parts[op] = Part(label, "reference", f"yours raised {type(e).__name__}: {e}")
+        if not self._try(op, label, lambda: try_it(theirs))[0]:
             return reference
         self.parts[op] = Part(label, "yours", used_by)
         return theirs
+
+    def _try(self, op: str, label: str, attempt: Callable[[], Any]) -> tuple[bool, Any]:
+        """``(True, attempt())``; or, where the learner's code raises, ``(False, None)`` with
+        :attr:`parts` saying why the reference runs ("not implemented yet" for a stub)."""
+        try:
+            return True, attempt()
+        except NotImplementedError:
+            self.parts[op] = Part(label, "reference", "not implemented yet")
+        except Exception as e:  # the learner's code may fail in any way; say how, use ours
+            self.parts[op] = Part(label, "reference", f"yours raised {type(e).__name__}: {e}")
+        return False, None
 
     def engine_parts(self) -> EngineParts:
         """What ``load(backend="learner")``'s model and engine are built from: the learner's classes
