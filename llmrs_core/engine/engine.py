@@ -171,7 +171,8 @@ class Engine:
         prefix_cache_class = prefix_cache_class or parts.prefix_cache
         self.prefix_cache: PrefixCache | None = (
             prefix_cache_class(self.cache.allocator, block_size) if prefix_caching else None)
-        self.scheduler: SchedulerInterface = scheduler_class(self.cache, max_num_seqs, max_num_batched_tokens, policy, self.prefix_cache)
+        self.scheduler: SchedulerInterface = scheduler_class(
+            self.cache, max_num_seqs, max_num_batched_tokens, policy, self.prefix_cache)
         self.requests: dict[str, Request] = {}
         self._states: dict[str, _RequestState] = {}
         self._ids = itertools.count()
