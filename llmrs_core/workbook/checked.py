@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Hashable, Sequence
+from operator import attrgetter
 from typing import Any
 
 import numpy as np
@@ -30,6 +31,11 @@ from ..kv_cache.base import KVCache
 from ..kv_cache.paged import PagedSequence
 from .cache_checks import checked_advance, checked_positions, checked_reserve, checked_view
 from .scheduler_checks import checked_match, checked_schedule
+
+
+def _delegated(*names: str) -> tuple[property, ...]:
+    """Read-only properties that read the wrapped object's (``self.inner``'s) attributes ``names``."""
+    return tuple(property(attrgetter(f"inner.{name}")) for name in names)
 
 
 class CheckedKVCache(KVCache):
@@ -92,11 +98,8 @@ class CheckedPagedKVCache:
     def __init__(self, inner: Any, yours: bool = False):
         self.inner, self.yours = inner, yours
 
-    tables = property(lambda self: self.inner.tables)
-    lengths = property(lambda self: self.inner.lengths)
-    allocator = property(lambda self: self.inner.allocator)
-    block_size = property(lambda self: self.inner.block_size)
-    block_bytes = property(lambda self: self.inner.block_bytes)
+    tables, lengths, allocator, block_size, block_bytes = _delegated(
+        "tables", "lengths", "allocator", "block_size", "block_bytes")
 
     def sequence(self, seq: Hashable) -> CheckedKVCache:
         return CheckedKVCache(CheckedPagedSequence(self.inner, seq, self.yours), self.yours)
@@ -130,11 +133,8 @@ class CheckedScheduler(SchedulerInterface):
             else (pool, False)
         self._requests: dict[str, Any] = {}  # every request added: the ones the engine queued
 
-    running = property(lambda self: self.inner.running)
-    waiting = property(lambda self: self.inner.waiting)
-    num_preemptions = property(lambda self: self.inner.num_preemptions)
-    max_num_seqs = property(lambda self: self.inner.max_num_seqs)
-    max_num_batched_tokens = property(lambda self: self.inner.max_num_batched_tokens)
+    running, waiting, num_preemptions, max_num_seqs, max_num_batched_tokens = _delegated(  # type: ignore[assignment]
+        "running", "waiting", "num_preemptions", "max_num_seqs", "max_num_batched_tokens")
 
     def add(self, request: Any) -> None:
         self._requests[request.request_id] = request
@@ -163,11 +163,8 @@ class CheckedPrefixCache(PrefixCache):
     def __init__(self, inner: Any, allocator: Any, block_size: int):
         self.inner, self._allocator, self._block_size = inner, allocator, block_size
 
-    lookups = property(lambda self: self.inner.lookups)
-    lookup_tokens = property(lambda self: self.inner.lookup_tokens)
-    hit_tokens = property(lambda self: self.inner.hit_tokens)
-    num_blocks = property(lambda self: self.inner.num_blocks)
-    hit_rate = property(lambda self: self.inner.hit_rate)
+    lookups, lookup_tokens, hit_tokens, num_blocks, hit_rate = _delegated(  # type: ignore[assignment]
+        "lookups", "lookup_tokens", "hit_tokens", "num_blocks", "hit_rate")
 
     def match_prefix(self, tokens: Sequence[int], count: bool = True) -> tuple:
         result = self.inner.match_prefix(tokens, count)
