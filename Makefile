@@ -107,14 +107,14 @@ test-exercise: setup
 	$(EXERCISE_PYTEST) $$dir -q --no-header --tb=short --impl $(IMPL) --exercise $(E) || $(QUIET_FAIL)
 
 progress: setup
-	@$(SINGLE_THREAD) $(PY) -m llmrs_core.workbook_progress || $(QUIET_FAIL)
+	@$(SINGLE_THREAD) $(PY) -m llmrs_core.workbook.progress || $(QUIET_FAIL)
 
 reset: setup
 	@if ! [[ "$(E)" =~ ^[0-9]+\.[0-9]+$$ ]]; then echo "usage: make reset E=3.6   (puts back that exercise's stubs; your exercises.py is backed up first)"; $(QUIET_FAIL); fi
-	@$(PY) -m llmrs_core.workbook_reset $(E) $(if $(REV),--rev $(REV)) || $(QUIET_FAIL)
+	@$(PY) -m llmrs_core.workbook.reset $(E) $(if $(REV),--rev $(REV)) || $(QUIET_FAIL)
 
 check-env:
-	@if [ -x $(PY) ]; then $(PY) llmrs_core/check_env.py; else $(PYTHON) llmrs_core/check_env.py; fi
+	@if [ -x $(PY) ]; then $(PY) llmrs_core/workbook/check_env.py; else $(PYTHON) llmrs_core/workbook/check_env.py; fi
 
 # -- the whole suite (CI runs this through .ci/run) ------------------------
 

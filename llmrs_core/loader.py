@@ -20,12 +20,14 @@ import numpy as np
 from .backends import BACKENDS, DEFAULT_BACKEND, get_backend
 from .distributed.communicator import Communicator
 from .distributed.plan import StepPlan
+from .engine.parts import EngineParts
 from .fetch import default_model_path, fetch_model
 from .formats.gguf import read_gguf
 from .formats.hf import HFWeights
 from .formats.source import WeightSource
 from .generate import Completion, generate_ids
 from .info import summary
+from .kv_cache.paged import blocks_for
 from .memory import check_host_allocation
 from .model import LlamaModel, check_tensors, resident_bytes
 from .quant.registry import check_computable
@@ -47,6 +49,10 @@ class Model:
             ``"numpy"`` (the readable reference, chapter 4), ``"learner"`` (your
             exercise code where it exists; chapters 3-4) or ``"cuda"`` (an NVIDIA GPU,
             or numba-cuda's simulator; chapter 9).
+        parts: what the model's caches and its batching engines are built from
+            (:class:`~llmrs_core.engine.parts.EngineParts`): the engine's own, or on the
+            ``"learner"`` backend the learner's chapter 5 and 7 classes where they are written,
+            wrapped in the workbook's checks. ``Engine(model.network, ..., parts=model.parts)``.
     """
 
     def __init__(self, source: WeightSource, backend: str | None = None, threads: int | None = None,
@@ -57,6 +63,9 @@ class Model:
         check_tensors(source, self.config)  # at load, not at the first forward pass
         self.backend = DEFAULT_BACKEND if backend is None else backend
         self._backend = get_backend(self.backend, threads, exact)
+        self.parts = EngineParts.engines_own()
+        if self.backend == "learner":  # the workbook's learner facade: its classes, each in its checks
+            self.parts = self._backend.engine_parts()  # type: ignore[attr-defined]
         #: a distributed rank's shard of ``source`` and the step plan that communicates (chapter 11)
         self.split = split
 
@@ -68,12 +77,12 @@ class Model:
         if self.split is None:
             check_host_allocation(resident_bytes(self.gguf, self._backend.name),
                                   f"{self.path.name} on the {self._backend.name} backend")
-            network = LlamaModel(self.gguf, self.config, self._backend)
+            network = LlamaModel(self.gguf, self.config, self._backend, kv_cache=self.parts.kv_cache)
             self.gguf.release_pages()  # the backend holds its own copies of the weights now
             return network
         part, plan = self.split
         rows = part.tensors["token_embd.weight"].shape[0]
-        return LlamaModel(part, part.config, self._backend, plan=plan, vocab_rows=rows)
+        return LlamaModel(part, part.config, self._backend, plan=plan, vocab_rows=rows, kv_cache=self.parts.kv_cache)
 
     @property
     def compiles_kernels(self) -> bool:
@@ -163,8 +172,9 @@ class Model:
             except ValueError as e:
                 raise ValueError(f"prompt {i}: {e}") from None
         block_size = 16
-        needed = sum(-(-(len(ids) + max_tokens) // block_size) for ids in encoded)
-        engine = Engine(self.network, self._tokenizer, num_blocks=min(max(needed, 1), 4096), block_size=block_size)
+        needed = sum(blocks_for(len(ids) + max_tokens, block_size) for ids in encoded)
+        engine = Engine(self.network, self._tokenizer, num_blocks=min(max(needed, 1), 4096), block_size=block_size,
+                        parts=self.parts)
         outs = engine.generate(encoded, max_tokens, params, stop, stop_token_ids=self._stop_token_ids(),
                                on_text=on_text)
         for i, out in enumerate(outs):

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,8 +40,8 @@ from .config import ModelConfig
 from .distributed.plan import SingleProcess, StepPlan
 from .formats.source import WeightSource
 from .kv_cache.base import KVCache
-from .kv_cache.checks import checked_advance, checked_view
-from .kv_cache.paged import PagedKVCache, write_decode
+from .kv_cache.contiguous import ContiguousKVCache
+from .kv_cache.paged import PagedKVCache
 from .rope import Rotary
 from .step import StepBatch, prepare_step
 
@@ -176,11 +177,17 @@ class LlamaModel:
     ``plan`` splits each step across processes (chapter 11): the default is one process;
     a tensor- or pipeline-parallel rank gets a shard as ``source`` (its own, smaller
     ``config``) and a :class:`~llmrs_core.distributed.plan.StepPlan` that communicates.
+
+    ``kv_cache`` builds :meth:`new_cache`'s caches, as ``kv_cache(config, max_tokens, xp=xp)``: the
+    engine's :class:`~llmrs_core.kv_cache.contiguous.ContiguousKVCache` unless ``load()`` gives
+    another (the learner's Exercise 5.6 cache, wrapped in its checks: ``Model.parts``).
     """
 
     def __init__(self, source: WeightSource, config: ModelConfig, backend: Backend,
-                 plan: StepPlan | None = None, vocab_rows: int | None = None):
+                 plan: StepPlan | None = None, vocab_rows: int | None = None,
+                 kv_cache: Callable[..., KVCache] = ContiguousKVCache):
         self.config = config
+        self.kv_cache = kv_cache
         self.family = config.family
         self.backend = backend
         self.plan = SingleProcess() if plan is None else plan
@@ -247,10 +254,9 @@ class LlamaModel:
         return layer
 
     def new_cache(self, max_tokens: int) -> KVCache:
-        """A contiguous cache for ``max_tokens`` positions, in the backend's array module: the
-        backend's ``engine_parts().kv_cache`` (the engine's ``ContiguousKVCache``, or the
-        learner backend's Exercise 5.6 cache where it is written)."""
-        return self.backend.engine_parts().kv_cache(self.config, max_tokens, xp=self.backend.xp)
+        """A contiguous cache for ``max_tokens`` positions, in the backend's array module, built by
+        :attr:`kv_cache` (the engine's ``ContiguousKVCache``, or the learner's Exercise 5.6 cache)."""
+        return self.kv_cache(self.config, max_tokens, xp=self.backend.xp)
 
     def warm_up(self) -> float:
         """Run one throwaway step of each of the backend's :attr:`~Backend.warm_up_sizes`, so
@@ -317,8 +323,8 @@ class LlamaModel:
         self._check_finite(logits)
         # Only a step that succeeded moves the caches on: after a failure (here or in any
         # operation above) every cache is as it was, and the step can be run again.
-        for cache, t, length in zip(step.caches, step.sizes, step.lengths):
-            checked_advance(cache, t, length)
+        for cache, t in zip(step.caches, step.sizes):
+            cache.advance(t)
         bounds = step.bounds
         if last_only:
             return [logits[j : j + 1] for j in range(len(batch))]
@@ -384,7 +390,7 @@ class LlamaModel:
         outs: list = [None] * len(step.caches)
         if step.together:
             rows = step.rows  # each such sequence's one row of the step
-            write_decode(step.pool, i, step.slots, k_rot[rows], v[rows])
+            step.pool.write_decode(i, step.slots, k_rot[rows], v[rows])
             attended = b.paged_decode_attention(q[rows], step.pool.k[i], step.pool.v[i], step.slots.tables,
                                                 step.slots.lengths, *options)
             attended = attended.reshape(len(step.together), c.n_heads * c.head_dim)
@@ -395,7 +401,7 @@ class LlamaModel:
         for j in step.apart:
             cache, t, lo, hi = step.caches[j], step.sizes[j], step.bounds[j], step.bounds[j + 1]
             cache.write(i, (k if step.unrotated[j] else k_rot)[lo:hi], v[lo:hi])
-            keys, values = checked_view(cache, i, t, step.lengths[j], k.shape[1], k.shape[2])
+            keys, values = cache.view(i, t)
             if step.unrotated[j]:
                 keys = self._rotate(keys, cache.key_positions(t), layer.rotary)
             outs[j] = b.attention(q[lo:hi], keys, values, *options).reshape(t, c.n_heads * c.head_dim)

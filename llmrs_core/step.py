@@ -16,8 +16,7 @@ from typing import Any
 import numpy as np
 
 from .kv_cache.base import KVCache
-from .kv_cache.checks import checked_positions
-from .kv_cache.paged import DecodeSlots, PagedKVCache, decode_group, reserve_decode
+from .kv_cache.paged import DecodeSlots, PagedKVCache, decode_group
 
 
 @dataclass
@@ -80,8 +79,8 @@ def prepare_step(batch: list[tuple[Any, KVCache]], vocab_size: int) -> StepBatch
     sizes = [ids.size for ids in all_ids]
     bounds = np.cumsum([0, *sizes])
     # Each cache names its tokens' RoPE positions (attention sinks count within the cache) and
-    # says whether it keeps keys unrotated. What a cache returns is checked: it may be the learner's.
-    positions = np.concatenate([checked_positions(cache, t) for cache, t in zip(caches, sizes)])
+    # says whether it keeps keys unrotated.
+    positions = np.concatenate([cache.positions(t) for cache, t in zip(caches, sizes)])
     lengths = [cache.length for cache in caches]
     unrotated = [cache.stores_unrotated_keys for cache in caches]
     pool, together, slots = None, [], None
@@ -89,7 +88,7 @@ def prepare_step(batch: list[tuple[Any, KVCache]], vocab_size: int) -> StepBatch
     if group is not None:
         pool, together = group
         together = [j for j in together if not unrotated[j]]
-        slots = reserve_decode(pool, [caches[j].seq for j in together]) if together else None
+        slots = pool.reserve_decode([caches[j].seq for j in together]) if together else None
     ends = np.repeat(np.asarray(lengths, dtype=np.int64) + sizes, sizes)
     return StepBatch(
         ids=np.concatenate(all_ids), positions=positions, bounds=bounds, caches=caches, lengths=lengths,

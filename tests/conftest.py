@@ -42,8 +42,8 @@ from llmrs_core.workbook import (
     parse_exercise,
     say_exercises,
 )
-from llmrs_core.workbook_failures import RepeatedDiagnoses, without_introspection
-from llmrs_core.workbook_report import LEGEND, PASSING, engine_parts, final_line, results_for, stub_lines
+from llmrs_core.workbook.failures import RepeatedDiagnoses, without_introspection
+from llmrs_core.workbook.report import LEGEND, PASSING, engine_parts, final_line, results_for, stub_lines
 
 TESTS = Path(__file__).resolve().parent
 ROOT = TESTS.parent

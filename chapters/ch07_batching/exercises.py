@@ -4,8 +4,9 @@ Exercise 7.6  Implementing a Scheduler                  (ch07_batching.ipynb, se
 Exercise 7.7  Prefix Caching with RadixAttention        (ch07_batching.ipynb, section 7.7)
 
 Check your work with ``make test-chapter 7`` (or ``make test-exercise E=7.6``).
-Then run them for real: ``Engine(net, tokenizer, scheduler_class=Scheduler,
-prefix_cache_class=RadixCache)`` serves requests with your code.
+Then run them for real: ``Engine(net, tokenizer, parts=checked_parts(scheduler=Scheduler,
+prefix_cache=RadixCache))`` (``llmrs_core.workbook.checked``: each step of yours checked)
+serves requests with your code; so does ``llmrs generate --impl learner`` with several prompts.
 
 The data types are the engine's (``llmrs_core.engine``): a ``Request`` has
 ``request_id``, ``prompt_ids``, ``output_ids``, ``max_tokens``, ``priority``,

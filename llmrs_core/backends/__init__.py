@@ -2,8 +2,8 @@
 
 The model code (``llmrs_core.model``) is written once against
 :class:`~llmrs_core.backends.base.Backend`. ``numpy`` is the readable
-reference; ``numba`` (chapter 8) the fast CPU path; ``learner`` runs the
-learner's own exercise code where it exists; ``cuda`` (chapter 9) runs the numba.cuda
+reference; ``numba`` (chapter 8) the fast CPU path; ``learner`` (the workbook's,
+:mod:`llmrs_core.workbook.learner`) runs the learner's own exercise code where it exists; ``cuda`` (chapter 9) runs the numba.cuda
 kernels on an NVIDIA GPU (or in numba-cuda's CUDA simulator, when enabled).
 """
 
@@ -45,7 +45,7 @@ def get_backend(name: str | None = None, threads: int | None = None, exact: bool
             ) from None
         return NumbaBackend(threads, exact=exact)
     if name == "learner":
-        from .learner import LearnerBackend
+        from ..workbook.learner import LearnerBackend  # the workbook's plug: the learner's code
 
         return LearnerBackend()
     if name == "cuda":

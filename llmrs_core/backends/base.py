@@ -21,7 +21,6 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from dataclasses import dataclass
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
@@ -32,35 +31,6 @@ from ..sampling import Sampler, SamplingParams
 
 if TYPE_CHECKING:
     from ..formats.source import WeightSource
-
-
-@dataclass(frozen=True)
-class EngineParts:
-    """What a backend's model and engine are built from, each an exchangeable class (chapters 5 and 7).
-
-    ``kv_cache``: one sequence's cache for ``model.generate`` and ``LlamaModel.forward``,
-    built as ``kv_cache(config, max_tokens, xp=xp)`` (a :class:`~llmrs_core.kv_cache.base.KVCache`;
-    Exercise 5.6). ``paged_kv_cache``: the batching engine's block pool,
-    ``paged_kv_cache(config, num_blocks=n, block_size=b, xp=xp)`` (Exercise 5.7).
-    ``scheduler``: ``scheduler(pool, max_num_seqs, max_num_batched_tokens, policy, prefix_cache)``
-    (Exercise 7.6). ``prefix_cache``: ``prefix_cache(pool.allocator, block_size)`` (Exercise 7.7).
-    """
-
-    scheduler: type
-    prefix_cache: type
-    kv_cache: type
-    paged_kv_cache: type
-
-    @classmethod
-    def engines_own(cls) -> EngineParts:
-        """The engine's own classes (``llmrs_core.engine`` and ``llmrs_core.kv_cache``)."""
-        from ..engine.radix_cache import RadixCache
-        from ..engine.scheduler import Scheduler
-        from ..kv_cache.contiguous import ContiguousKVCache
-        from ..kv_cache.paged import PagedKVCache
-
-        return cls(scheduler=Scheduler, prefix_cache=RadixCache, kv_cache=ContiguousKVCache,
-                   paged_kv_cache=PagedKVCache)
 
 
 class Backend(ABC):
@@ -172,12 +142,6 @@ class Backend(ABC):
     def sampler(self, params: SamplingParams) -> Callable[..., int]:
         """The token chooser for ``params`` (``sampler(logits, history) -> id``)."""
         return Sampler(params)
-
-    def engine_parts(self) -> EngineParts:
-        """The classes the model and the :class:`~llmrs_core.engine.Engine` build their state from
-        over this backend (chapters 5 and 7): the engine's own; the learner backend's are the
-        learner's where Exercises 5.6, 5.7, 7.6 and 7.7 are written."""
-        return EngineParts.engines_own()
 
     def describe(self) -> str:
         return self.name

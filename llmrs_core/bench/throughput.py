@@ -22,6 +22,8 @@ from collections.abc import Callable
 import numpy as np
 
 from ..engine import Engine
+from ..engine.parts import EngineParts
+from ..kv_cache.paged import blocks_for
 from ..validation import check_int
 from .common import percentiles, random_ids
 
@@ -34,12 +36,14 @@ PROGRESS_EVERY = 5.0
 def run_workload(
     net, tokenizer, prompts: list[list[int]], output_lens: list[int], *, max_num_seqs: int = 16,
     prefix_caching: bool = True, block_size: int = 16, progress: Progress | None = None,
+    parts: EngineParts | None = None,
 ) -> dict:
     """Run the requests together; throughput and latency figures as a dict. ``progress`` gets a
-    line every :data:`PROGRESS_EVERY` seconds: requests finished and tokens generated so far."""
-    needed = sum(-(-(len(p) + n) // block_size) for p, n in zip(prompts, output_lens))
+    line every :data:`PROGRESS_EVERY` seconds: requests finished and tokens generated so far.
+    ``parts``: the engine's classes (the model's ``parts``: the learner's, ``--impl learner``)."""
+    needed = sum(blocks_for(len(p) + n, block_size) for p, n in zip(prompts, output_lens))
     engine = Engine(net, tokenizer, num_blocks=needed + 8, block_size=block_size, max_num_seqs=max_num_seqs,
-                    prefix_caching=prefix_caching)
+                    prefix_caching=prefix_caching, parts=parts)
     start = time.perf_counter()
     rids = [engine.add_request(p, n, ignore_eos=True) for p, n in zip(prompts, output_lens)]
     finished = tokens = 0
@@ -84,11 +88,13 @@ def single_decode_tokens_per_s(net, n_prompt: int = 64, n_out: int = 64, seed: i
     return n_out / (time.perf_counter() - start)
 
 
-def batched_decode_tokens_per_s(net, batch: int = 16, n_prompt: int = 64, n_steps: int = 32, seed: int = 0) -> float:
-    """Steady-state decode with ``batch`` sequences in every step (one token each), tokens/s."""
+def batched_decode_tokens_per_s(net, batch: int = 16, n_prompt: int = 64, n_steps: int = 32, seed: int = 0,
+                                parts: EngineParts | None = None) -> float:
+    """Steady-state decode with ``batch`` sequences in every step (one token each), tokens/s, in the
+    block pool of ``parts`` (default: the engine's own)."""
     rng = np.random.default_rng(seed)
-    per_seq = -(-(n_prompt + n_steps + 1) // 16)
-    pool_class = net.backend.engine_parts().paged_kv_cache  # the engine's, or the learner's (Exercise 5.7)
+    per_seq = blocks_for(n_prompt + n_steps + 1, 16)
+    pool_class = (parts or EngineParts.engines_own()).paged_kv_cache  # the engine's, or the learner's (5.7)
     cache = pool_class(net.config, num_blocks=batch * per_seq, block_size=16, xp=net.backend.xp)
     seqs = [cache.sequence(i) for i in range(batch)]
     last = []
@@ -142,13 +148,13 @@ def throughput(model, n_requests: int = 32, seed: int = 0, max_prompt: int = 128
     result["batched"] = part(
         f"{n_requests} random requests, up to {max_num_seqs} at once",
         lambda: run_workload(net, tok, prompts, outs, max_num_seqs=max_num_seqs, prefix_caching=False,
-                             progress=progress))
+                             progress=progress, parts=model.parts))
     result["single_decode_tokens_per_s"] = part("one sequence alone: 64 decode steps",
                                                 lambda: single_decode_tokens_per_s(net))
     result["batching_speedup"] = result["batched"]["output_tokens_per_s"] / result["single_decode_tokens_per_s"]
     result["batched_decode_tokens_per_s"] = part(
         f"{max_num_seqs} sequences per step: 32 decode steps",
-        lambda: batched_decode_tokens_per_s(net, batch=max_num_seqs))
+        lambda: batched_decode_tokens_per_s(net, batch=max_num_seqs, parts=model.parts))
     result["decode_speedup"] = result["batched_decode_tokens_per_s"] / result["single_decode_tokens_per_s"]
     system = tok.encode(
         "<|im_start|>system\nYou are a careful assistant. Answer in one short sentence, cite no sources, "
@@ -164,11 +170,11 @@ def throughput(model, n_requests: int = 32, seed: int = 0, max_prompt: int = 128
     result["prefix_off"] = part(
         f"{n_requests} requests sharing a {len(few_shot)}-token prefix, prefix cache off",
         lambda: run_workload(net, tok, shared, short, max_num_seqs=max_num_seqs, prefix_caching=False,
-                             progress=progress))
+                             progress=progress, parts=model.parts))
     result["prefix_on"] = part(
         "the same with the prefix cache on",
         lambda: run_workload(net, tok, shared, short, max_num_seqs=max_num_seqs, prefix_caching=True,
-                             progress=progress))
+                             progress=progress, parts=model.parts))
     result["prefix_speedup"] = result["prefix_on"]["requests_per_s"] / result["prefix_off"]["requests_per_s"]
     return result
 

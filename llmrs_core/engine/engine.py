@@ -29,7 +29,8 @@ from ..output import OutputStream
 from ..sampling import SamplingParams
 from ..tokenizer import Tokenizer
 from ..validation import check_max_tokens, normalise_stop, prompt_ids, stop_token_set
-from .checks import checked_schedule
+from .interface import PrefixCache, SchedulerInterface
+from .parts import EngineParts
 from .scheduler import Request, RequestRejected, RequestStatus
 from .stats import RequestStats, StepStats
 
@@ -128,12 +129,16 @@ class Engine:
         max_num_batched_tokens: tokens computed in one step (chunked prefill).
         policy: ``"fcfs"`` or ``"priority"``.
         prefix_caching: reuse the KV blocks of shared prompt prefixes (radix tree).
-        scheduler_class, prefix_cache_class: other implementations with the same
-            interface — chapter 7's exercises plug yours in here (default: the backend's
-            ``engine_parts()``: the engine's own, or the learner backend's).
+        parts: the classes the engine's state is built from (default: the engine's own;
+            ``load(backend="learner")``'s model gives the learner's, wrapped in their checks:
+            ``Engine(model.network, ..., parts=model.parts)``).
+        scheduler_class, prefix_cache_class: other implementations of
+            :mod:`~llmrs_core.engine.interface`, in place of ``parts``' — chapter 7's
+            exercises plug yours in here (used as given: the workbook's
+            :func:`~llmrs_core.workbook.checked.checked_parts` wraps one in its checks).
 
-    The block pool is the backend's ``engine_parts().paged_kv_cache`` (the learner
-    backend's is Exercise 5.7's ``PagedKVCache`` where it is written).
+    The block pool is ``parts.paged_kv_cache`` (the learner's is Exercise 5.7's ``PagedKVCache``
+    where it is written).
 
     Each request samples with the sampler the model's backend makes for its
     parameters (``backend.sampler``: the learner backend's is the learner's),
@@ -154,18 +159,21 @@ class Engine:
         prefix_caching: bool = True,
         scheduler_class: type | None = None,
         prefix_cache_class: type | None = None,
+        parts: EngineParts | None = None,
     ):
         self.model = model
         self.tokenizer = tokenizer
-        parts = model.backend.engine_parts()  # the engine's own classes, or the learner's (chapters 5, 7)
+        self.parts = parts = EngineParts.engines_own() if parts is None else parts
         self.cache: PagedKVCache = parts.paged_kv_cache(
             model.config, num_blocks=num_blocks, block_size=block_size, xp=model.backend.xp
         )
         self.make_sampler: Callable[[SamplingParams], Callable[..., int]] = model.backend.sampler
         scheduler_class = scheduler_class or parts.scheduler
         prefix_cache_class = prefix_cache_class or parts.prefix_cache
-        self.prefix_cache = prefix_cache_class(self.cache.allocator, block_size) if prefix_caching else None
-        self.scheduler = scheduler_class(self.cache, max_num_seqs, max_num_batched_tokens, policy, self.prefix_cache)
+        self.prefix_cache: PrefixCache | None = (
+            prefix_cache_class(self.cache.allocator, block_size) if prefix_caching else None)
+        self.scheduler: SchedulerInterface = scheduler_class(
+            self.cache, max_num_seqs, max_num_batched_tokens, policy, self.prefix_cache)
         self.requests: dict[str, Request] = {}
         self._states: dict[str, _RequestState] = {}
         self._ids = itertools.count()
@@ -246,7 +254,7 @@ class Engine:
         fails alone: it finishes with reason ``"error"`` and the message (with its
         id) in its output, its blocks are freed, and the other requests go on.
         """
-        chunks = checked_schedule(self.scheduler, self.scheduler.schedule(), self.requests, self.cache)
+        chunks = self.scheduler.schedule()
         if not chunks:
             return []
         self.steps += 1
@@ -312,7 +320,7 @@ class Engine:
         device: ``NonFiniteError`` for NaN logits). The server's engine loop runs it after a step
         in which every request failed, to tell a broken engine from requests that fail alone."""
         config, backend = self.model.config, self.model.backend
-        cache = backend.engine_parts().kv_cache(config, 1, xp=backend.xp)
+        cache = self.parts.kv_cache(config, 1, xp=backend.xp)
         self.model.forward_batch([([0], cache)], last_only=True)
 
     def _advance(self, r: Request, token: int, now: float, logprob: TokenLogprob | None = None) -> RequestOutput:

@@ -22,7 +22,7 @@ import enum
 import itertools
 from dataclasses import dataclass, field
 
-from ..kv_cache.paged import OutOfBlocksError, PagedKVCache
+from ..kv_cache.paged import OutOfBlocksError, PagedKVCache, blocks_for
 from .radix_cache import RadixCache, RadixNode
 
 
@@ -111,7 +111,7 @@ class Scheduler:
     def add(self, request: Request) -> None:
         """Queue ``request``; raise ``RequestRejected`` if it could never fit in the pool."""
         bs = self.cache.block_size
-        needed = -(-(len(request.prompt_ids) + request.max_tokens) // bs)
+        needed = blocks_for(len(request.prompt_ids) + request.max_tokens, bs)
         total = self.cache.allocator.num_blocks
         if needed > total:
             request.status = RequestStatus.REJECTED
@@ -196,11 +196,7 @@ class Scheduler:
     def _match_prefix(self, request: Request) -> None:
         if self.prefix_cache is None or request.num_computed:
             return
-        from .checks import checked_match  # checks imports this module's types
-
-        tokens = request.all_ids
-        matched, blocks, node = checked_match(self.prefix_cache, tokens, self.prefix_cache.match_prefix(tokens),
-                                              self.cache)
+        matched, blocks, node = self.prefix_cache.match_prefix(request.all_ids)
         if not matched:
             return
         rid = request.request_id

@@ -9,7 +9,7 @@
 from .base import KVCache
 from .contiguous import CacheFullError, ContiguousKVCache
 from .eviction import SinkCache, SlidingWindowCache
-from .paged import BlockAllocator, OutOfBlocksError, PagedKVCache, PagedSequence, paged_attention
+from .paged import BlockAllocator, OutOfBlocksError, PagedKVCache, PagedSequence, blocks_for, paged_attention
 
 __all__ = [
     "BlockAllocator",
@@ -21,5 +21,6 @@ __all__ = [
     "PagedSequence",
     "SinkCache",
     "SlidingWindowCache",
+    "blocks_for",
     "paged_attention",
 ]

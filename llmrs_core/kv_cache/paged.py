@@ -29,7 +29,11 @@ from ..attention import scaled_dot_product_attention
 from ..config import ModelConfig
 from ..memory import check_host_allocation
 from .base import KVCache
-from .checks import checked_reserve
+
+
+def blocks_for(n_tokens: int, block_size: int) -> int:
+    """How many blocks of ``block_size`` tokens hold ``n_tokens`` tokens: ``ceil(n_tokens / block_size)``."""
+    return -(-n_tokens // block_size)
 
 
 class OutOfBlocksError(RuntimeError):
@@ -123,7 +127,7 @@ class PagedKVCache:
         """(new blocks for ``n`` more tokens, whether the last block must be copied first)."""
         length, table = self.lengths[seq], self.tables[seq]
         capacity = len(table) * self.block_size
-        new = max(0, -(-(length + n - capacity) // self.block_size))
+        new = max(0, blocks_for(length + n - capacity, self.block_size))
         partial = length % self.block_size != 0
         cow = n > 0 and partial and self.allocator.ref_counts[table[-1]] > 1
         return new, cow
@@ -200,6 +204,30 @@ class PagedKVCache:
         """The cache interface of one sequence, for ``LlamaModel.forward``."""
         return PagedSequence(self, seq)
 
+    # -- the engine's batched decode (beyond Exercise 5.7's API, which is a subset of this class's) --
+
+    def reserve_decode(self, seqs: list[Hashable]) -> DecodeSlots:
+        """Room for one more token of each of ``seqs`` (:meth:`reserve`), and where it goes: the
+        step's :class:`DecodeSlots`, for :meth:`write_decode` and a backend's
+        ``paged_decode_attention``. Lengths move on only with :meth:`advance`."""
+        for seq in seqs:
+            self.reserve(seq, 1)
+        lengths = np.array([self.lengths[seq] for seq in seqs], dtype=np.int64)
+        tables = np.zeros((len(seqs), max(len(self.tables[seq]) for seq in seqs)), dtype=np.int64)
+        for i, seq in enumerate(seqs):
+            tables[i, : len(self.tables[seq])] = self.tables[seq]
+        blocks = tables[np.arange(len(seqs)), lengths // self.block_size]
+        counts = self.allocator.ref_counts
+        shared = [int(b) for b in blocks if counts[b] != 1]
+        if shared:  # an invariant (reserve copies a shared block first), not a user error
+            raise RuntimeError(f"block {shared[0]} is shared by {counts[shared[0]]} sequences; not writable")
+        return DecodeSlots(tables, lengths + 1, blocks, lengths % self.block_size)
+
+    def write_decode(self, layer: int, slots: DecodeSlots, k: np.ndarray, v: np.ndarray) -> None:
+        """Store each sequence's new token, ``k, v [n, Hkv, D]``, at its slot (after :meth:`reserve_decode`)."""
+        self.k[layer, slots.blocks, :, slots.offsets] = k
+        self.v[layer, slots.blocks, :, slots.offsets] = v
+
     # -- accounting --------------------------------------------------------------
 
     @property
@@ -247,12 +275,12 @@ class DecodeSlots:
 
 def decode_group(caches: list[KVCache], sizes: list[int]) -> tuple[PagedKVCache, list[int]] | None:
     """The sequences of a step that can decode together: ``(pool, their indices)`` for those
-    with one new token that are the engine's own :class:`PagedSequence` of the engine's own
-    :class:`PagedKVCache` (the first such pool's), or None where there are none. A learner's
-    cache (Exercises 5.6, 5.7) goes through its own ``write``/``view``, checked, instead."""
+    with one new token that are a :class:`PagedSequence` of a :class:`PagedKVCache` (the first such
+    pool's), or None where there are none. A learner's cache (Exercises 5.6, 5.7) comes wrapped in
+    the workbook's checks, and goes through its own ``write``/``view`` instead."""
     pool, members = None, []
     for j, (cache, t) in enumerate(zip(caches, sizes)):
-        if t != 1 or type(cache) is not PagedSequence or type(cache.cache) is not PagedKVCache:
+        if t != 1 or not isinstance(cache, PagedSequence) or not isinstance(cache.cache, PagedKVCache):
             continue
         if pool is None:
             pool = cache.cache
@@ -261,37 +289,11 @@ def decode_group(caches: list[KVCache], sizes: list[int]) -> tuple[PagedKVCache,
     return (pool, members) if pool is not None else None
 
 
-# The two steps of a batched decode are functions, not methods: PagedKVCache's methods are the
-# API of Exercise 5.7's class, which the learner writes; these serve the engine's own pool only.
-def reserve_decode(pool: PagedKVCache, seqs: list[Hashable]) -> DecodeSlots:
-    """Room for one more token of each of ``seqs`` (:meth:`PagedKVCache.reserve`), and where it
-    goes: the step's :class:`DecodeSlots`, for :func:`write_decode` and a backend's
-    ``paged_decode_attention``. Lengths move on only with :meth:`PagedKVCache.advance`."""
-    for seq in seqs:
-        pool.reserve(seq, 1)
-    lengths = np.array([pool.lengths[seq] for seq in seqs], dtype=np.int64)
-    tables = np.zeros((len(seqs), max(len(pool.tables[seq]) for seq in seqs)), dtype=np.int64)
-    for i, seq in enumerate(seqs):
-        tables[i, : len(pool.tables[seq])] = pool.tables[seq]
-    blocks = tables[np.arange(len(seqs)), lengths // pool.block_size]
-    shared = [int(b) for b in blocks if pool.allocator.ref_counts[b] != 1]
-    if shared:  # an invariant (reserve copies a shared block first), not a user error
-        raise RuntimeError(f"block {shared[0]} is shared by {pool.allocator.ref_counts[shared[0]]} sequences; "
-                           "not writable")
-    return DecodeSlots(tables, lengths + 1, blocks, lengths % pool.block_size)
-
-
-def write_decode(pool: PagedKVCache, layer: int, slots: DecodeSlots, k: np.ndarray, v: np.ndarray) -> None:
-    """Store each sequence's new token, ``k, v [n, Hkv, D]``, at its slot (after :func:`reserve_decode`)."""
-    pool.k[layer, slots.blocks, :, slots.offsets] = k
-    pool.v[layer, slots.blocks, :, slots.offsets] = v
-
-
 class PagedSequence(KVCache):
     """One sequence of a :class:`PagedKVCache`, as a :class:`~llmrs_core.kv_cache.base.KVCache`.
 
     ``LlamaModel.forward(ids, cache=paged.sequence(seq))`` runs unchanged;
-    :meth:`reserve` is called for the new tokens before the first layer writes.
+    :meth:`reserve` makes room for the new tokens before the first layer writes.
     """
 
     def __init__(self, cache: PagedKVCache, seq: Hashable):
@@ -307,10 +309,13 @@ class PagedSequence(KVCache):
 
     def write(self, layer: int, k: np.ndarray, v: np.ndarray) -> None:
         if layer == 0 or self._reserved_for != self.length:
-            self.cache.reserve(self.seq, k.shape[0])
-            checked_reserve(self.cache, self.seq, k.shape[0])  # the pool may be the learner's (5.7)
+            self.reserve(k.shape[0])
             self._reserved_for = self.length
         self.cache.write(layer, self.seq, k, v)
+
+    def reserve(self, n: int) -> None:
+        """Room in the pool for ``n`` new tokens (the pool's ``reserve``: blocks, copy-on-write)."""
+        self.cache.reserve(self.seq, n)
 
     def view(self, layer: int, n_new: int) -> tuple[np.ndarray, np.ndarray]:
         return self.cache.gather(layer, self.seq, n_new)

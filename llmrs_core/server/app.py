@@ -158,7 +158,7 @@ def _engine_factory(model: Model, tokenizer: Tokenizer, warm_up: bool, num_block
             _warm_up_engine(model, block_size)
         built.append(1)
         return Engine(model.network, tokenizer, num_blocks=num_blocks, block_size=block_size,
-                      max_num_seqs=max_num_seqs, policy="priority")  # round-robin across calls (.loop)
+                      max_num_seqs=max_num_seqs, policy="priority", parts=model.parts)  # round-robin across calls (.loop)
 
     return make_engine
 
@@ -170,7 +170,7 @@ def _warm_up_engine(model: Model, block_size: int) -> None:
     (a few seconds on an empty Numba cache). The server's engine starts fresh: no metrics,
     prefix-cache counters or request ids of these."""
     engine = Engine(model.network, model.tokenizer, num_blocks=8, block_size=block_size, max_num_seqs=2,
-                    prefix_caching=False)
+                    prefix_caching=False, parts=model.parts)
     for n in (3, block_size + 2):  # one prompt inside a block, one across a block boundary
         engine.add_request([0] * n, max_tokens=3, ignore_eos=True)
     for _ in engine.run():

@@ -22,6 +22,7 @@ import llmrs_core as llmrs
 from llmrs_core.engine import Engine, RequestRejected, RequestStatus
 from llmrs_core.kv_cache.paged import PagedKVCache
 from llmrs_core.testing import tiny_llama_config, write_tiny_llama
+from llmrs_core.workbook.checked import checked_parts
 
 CONFIG = tiny_llama_config()
 
@@ -316,7 +317,8 @@ def test_ex7_6_your_scheduler_serves_a_model(ex, tmp_path):
 
     # no tokenizer: the prompts are token ids, and nothing ends a request but max_tokens
     engine = Engine(model.network, None, num_blocks=10, block_size=4, max_num_seqs=3,
-                    max_num_batched_tokens=16, prefix_caching=False, scheduler_class=ex.Scheduler)
+                    max_num_batched_tokens=16, prefix_caching=False,
+                    parts=checked_parts(scheduler=ex.Scheduler))  # in the checks the learner backend adds
     prompts = [[1 + i, 2, 3, 4, 5 + i, 6] * (1 + i % 3) for i in range(5)]
     outs = engine.generate(prompts, max_tokens=5)
     for p, out in zip(prompts, outs):

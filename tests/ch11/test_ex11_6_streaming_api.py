@@ -372,7 +372,7 @@ def test_ex11_6_a_request_timeout_in_the_server_sends_504_then_done(ex, tmp_path
     import llmrs_core as llmrs
     from llmrs_core.server import BackgroundServer, create_app
     from llmrs_core.testing import write_tiny_llama
-    from llmrs_core.testing_faults import inject_faults
+    from llmrs_core.testing.faults import inject_faults
 
     # a stub, a crash or a framing mistake shows here, in the terms above, not inside the server
     chunks_of(parse(run_stream(ex, [out("r0", "a", reason="stop")])[0]))

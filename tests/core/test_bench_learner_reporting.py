@@ -22,7 +22,7 @@ from llmrs_core.cli import main
 from llmrs_core.testing import write_tiny_llama
 
 ROOT = Path(llmrs_core.__file__).resolve().parents[1]
-#: every part the learner backend reports (llmrs_core/backends/learner.py)
+#: every part the learner backend reports (llmrs_core/workbook/learner.py)
 PARTS = ("linear (Exercise 4.6)", "attention (Exercise 3.6)", "KV cache (Exercise 5.6)", "scheduler (Exercise 7.6)",
          "prefix cache (Exercise 7.7)")
 

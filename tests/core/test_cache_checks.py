@@ -1,4 +1,4 @@
-"""The forward pass checks what a KV cache returns (llmrs_core.kv_cache.checks).
+"""The workbook checks what a KV cache returns to the forward pass (llmrs_core.workbook.cache_checks).
 
 Each broken cache below makes one mistake a learner's Exercise 5.6 / 5.7 cache
 can make; the model must stop it with a CacheProtocolError that names the
@@ -13,8 +13,9 @@ import pytest
 
 import llmrs_core as llmrs
 from llmrs_core.kv_cache import ContiguousKVCache, PagedKVCache, SinkCache, SlidingWindowCache
-from llmrs_core.kv_cache.checks import CacheProtocolError
 from llmrs_core.testing import write_tiny_llama
+from llmrs_core.workbook.cache_checks import CacheProtocolError
+from llmrs_core.workbook.checked import CheckedKVCache, CheckedPagedKVCache
 
 IDS = [3, 9, 27, 17, 51]
 
@@ -73,7 +74,7 @@ class OneArray(ContiguousKVCache):
          "one position", "one array"],
 )
 def test_a_broken_cache_is_named_before_attention(net, cache_class, message):
-    cache = cache_class(net.config, max_tokens=16)
+    cache = CheckedKVCache(cache_class(net.config, max_tokens=16))
     with pytest.raises(CacheProtocolError) as e:
         net.forward(IDS, cache)
     assert message in str(e.value)
@@ -85,7 +86,7 @@ def test_a_paged_pool_is_named_by_its_own_method(net):
             k, v = super().gather(layer, seq, n_new)
             return k[:-1], v[:-1]
 
-    pool = ShortGather(net.config, num_blocks=8, block_size=4)
+    pool = CheckedPagedKVCache(ShortGather(net.config, num_blocks=8, block_size=4))
     with pytest.raises(CacheProtocolError, match=r"ShortGather\.gather\(layer 0, n_new=5\) \(through PagedSequence\.view\)"):
         net.forward(IDS, pool.sequence("a"))
 
@@ -97,7 +98,7 @@ def test_a_paged_pool_is_named_by_its_own_method(net):
     lambda c: SinkCache(c, n_sink=2, window=4),
 ], ids=["contiguous", "paged", "sliding window", "sinks"])
 def test_the_engines_caches_pass_the_checks(net, make):
-    cache = make(net.config)
+    cache = CheckedKVCache(make(net.config))
     net.forward(IDS, cache)
     for t in (7, 8, 9):
         net.forward([t], cache)

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from llmrs_core import check_env
-from llmrs_core.check_env import Requirement, check_distribution, parse_requirement, requirements
+from llmrs_core.workbook import check_env
+from llmrs_core.workbook.check_env import Requirement, check_distribution, parse_requirement, requirements
 
 REPO = Path(__file__).resolve().parents[2]
 

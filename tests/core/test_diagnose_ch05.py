@@ -76,7 +76,7 @@ def test_a_wrong_cache_is_located_in_the_model_test(tiny_net):
 
 PAGED_MISTAKES = {
     "a block before the boundary": (
-        {"_blocks_needed": [("new = max(0, -(-(length + n - capacity) // self.block_size))",
+        {"_blocks_needed": [("new = max(0, blocks_for(length + n - capacity, self.block_size))",
                              "new = max(0, (length + n - capacity) // self.block_size + 1)")]},
         T57.test_ex5_7_blocks_are_taken_on_block_boundaries, "the table should hold 1 blocks",
     ),

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 import llmrs_core as llmrs
-from llmrs_core.backends.learner import LearnerBackend
 from llmrs_core.model import LlamaModel
 from llmrs_core.testing import write_tiny_llama
+from llmrs_core.workbook.learner import LearnerBackend
 
 CH3 = '''
 import numpy as np

@@ -1,9 +1,9 @@
 """`--backend learner` plugs chapter 7's Scheduler (7.6) and RadixCache (7.7) into the batching engine.
 
-Where a learner's class is written, every :class:`~llmrs_core.engine.Engine` over the learner
-backend uses it (``Backend.engine_parts``), and ``describe`` says YOURS; where it is a stub,
-the engine's own runs. A learner's class that misbehaves is named by the engine's checks
-(``engine.checks``), not by a compiled kernel.
+Where a learner's class is written, an :class:`~llmrs_core.engine.Engine` built from the learner
+backend's ``engine_parts()`` uses it, wrapped in its checks, and ``describe`` says YOURS; where it
+is a stub, the engine's own runs. A learner's class that misbehaves is named by those checks
+(``workbook.scheduler_checks``), not by a compiled kernel.
 """
 
 from __future__ import annotations
@@ -14,11 +14,11 @@ import textwrap
 import pytest
 
 import llmrs_core as llmrs
-from llmrs_core.backends.learner import LearnerBackend
 from llmrs_core.engine import Engine, RadixCache, Scheduler
-from llmrs_core.engine.checks import SchedulerProtocolError
 from llmrs_core.model import LlamaModel
 from llmrs_core.testing import ByteTokenizer, write_tiny_llama
+from llmrs_core.workbook.learner import LearnerBackend
+from llmrs_core.workbook.scheduler_checks import SchedulerProtocolError
 
 WRITTEN = '''
 from llmrs_core.engine import RadixCache as _RadixCache, Scheduler as _Scheduler
@@ -68,11 +68,9 @@ def test_written_classes_run_inside_the_engine(tmp_path):
     assert backend.parts["scheduler"].source == "yours", backend.describe()
     assert backend.parts["prefix_cache"].source == "yours", backend.describe()
     assert "YOURS      scheduler (Exercise 7.6)" in backend.describe()
-    engine = Engine(net, ByteTokenizer(), num_blocks=32, block_size=4)
-    parts = backend.engine_parts()
-    sched_cls, cache_cls = parts.scheduler, parts.prefix_cache
-    assert type(engine.scheduler) is sched_cls and sched_cls is not Scheduler
-    assert type(engine.prefix_cache) is cache_cls and cache_cls is not RadixCache
+    engine = Engine(net, ByteTokenizer(), num_blocks=32, block_size=4, parts=backend.engine_parts())
+    sched_cls, cache_cls = type(engine.scheduler.inner), type(engine.prefix_cache.inner)  # theirs, in its checks
+    assert sched_cls.__module__ == cache_cls.__module__ == "llmrs_exercises_ch07"
     outs = engine.generate([[1, 2, 3, 4, 5], [1, 2, 3, 4, 6]], max_tokens=3)
     assert all(len(c.token_ids) >= 1 for c in outs)
     calls = sys.modules[sched_cls.__module__].CALLS
@@ -86,12 +84,12 @@ def test_stubs_leave_the_engines_own_classes(tmp_path):
     assert backend.parts["scheduler"].note == "not implemented yet"
     parts = backend.engine_parts()
     assert (parts.scheduler, parts.prefix_cache) == (Scheduler, RadixCache)
-    engine = Engine(net, ByteTokenizer(), num_blocks=32, block_size=4)
+    engine = Engine(net, ByteTokenizer(), num_blocks=32, block_size=4, parts=parts)
     assert type(engine.scheduler) is Scheduler
 
 
 def test_a_misbehaving_learner_scheduler_is_named_by_the_engine(tmp_path):
-    net, _ = learner_net(tmp_path, SKIPS_A_REQUEST)
-    engine = Engine(net, ByteTokenizer(), num_blocks=32, block_size=4)
+    net, backend = learner_net(tmp_path, SKIPS_A_REQUEST)
+    engine = Engine(net, ByteTokenizer(), num_blocks=32, block_size=4, parts=backend.engine_parts())
     with pytest.raises(SchedulerProtocolError, match=r"^Scheduler\.schedule \(from "):
         engine.generate([[1, 2, 3], [4, 5, 6]], max_tokens=2)

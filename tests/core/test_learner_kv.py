@@ -1,14 +1,14 @@
 """`--impl learner` runs chapter 5's caches: 5.6 in ``model.generate``, 5.7 as the batching engine's pool.
 
-The learner backend builds the model's and the engine's state from
-``Backend.engine_parts()``: the learner's ``ContiguousKVCache`` and ``PagedKVCache``
-where they are written (and pass a short run on a tiny config,
-``kv_cache.probe``), the engine's own otherwise, with the reason in the YOURS
+The learner backend's ``engine_parts()`` (``Model.parts`` on ``load(backend="learner")``) builds
+the model's and the engine's state: the learner's ``ContiguousKVCache`` and ``PagedKVCache``,
+wrapped in their checks, where they are written (and pass a short run on a tiny config,
+``workbook.cache_probe``), the engine's own otherwise, with the reason in the YOURS
 table. "Written" below is the solution's code (``solutions/ch05_kv_cache.py``
 re-exports the engine's classes) planted as the learner's, as subclasses that
 count their calls, so that the test sees it is theirs that runs. Each planted
 mistake is a copy of it with one likely learner mistake; it must be named by
-the checks (``kv_cache.checks``), not by a crash inside attention.
+the checks (``workbook.cache_checks``), not by a crash inside attention.
 """
 
 from __future__ import annotations
@@ -19,15 +19,16 @@ import textwrap
 import pytest
 
 import llmrs_core as llmrs
-from llmrs_core.backends.base import EngineParts
-from llmrs_core.backends.learner import LearnerBackend
 from llmrs_core.engine import Engine
-from llmrs_core.engine.checks import SchedulerProtocolError
+from llmrs_core.engine.parts import EngineParts
 from llmrs_core.generate import generate_ids
-from llmrs_core.kv_cache.checks import CacheProtocolError
 from llmrs_core.model import LlamaModel
 from llmrs_core.testing import ByteTokenizer, write_tiny_llama
 from llmrs_core.workbook import committed_source, exercises, exercises_path
+from llmrs_core.workbook.cache_checks import CacheProtocolError
+from llmrs_core.workbook.checked import CheckedKVCache
+from llmrs_core.workbook.learner import LearnerBackend
+from llmrs_core.workbook.scheduler_checks import SchedulerProtocolError
 
 WRITTEN = '''
 from llmrs_core.kv_cache import ContiguousKVCache as _Contiguous, PagedKVCache as _Paged
@@ -107,15 +108,15 @@ def learner(tmp_path, reference, ch05: str) -> tuple[LlamaModel, LearnerBackend]
         (tmp_path / "chapters" / name / "exercises.py").write_text(textwrap.dedent(code))
     (tmp_path / "solutions").mkdir(exist_ok=True)
     backend = LearnerBackend(root=tmp_path)
-    return LlamaModel(reference.gguf, reference.config, backend), backend
+    return LlamaModel(reference.gguf, reference.config, backend, kv_cache=backend.engine_parts().kv_cache), backend
 
 
 def greedy(net: LlamaModel, prompt: list[int]) -> list[int]:
     return generate_ids(net, None, prompt, max_tokens=8).token_ids
 
 
-def batch(net: LlamaModel) -> tuple[Engine, list[list[int]]]:
-    engine = Engine(net, ByteTokenizer(), num_blocks=32, block_size=4)
+def batch(net: LlamaModel, parts: EngineParts | None = None) -> tuple[Engine, list[list[int]]]:
+    engine = Engine(net, ByteTokenizer(), num_blocks=32, block_size=4, parts=parts)
     return engine, [c.token_ids for c in engine.generate(PROMPTS, max_tokens=6)]
 
 
@@ -125,15 +126,14 @@ def test_written_caches_run_inside_generate_and_the_engine(tmp_path, reference):
     assert "YOURS      KV cache (Exercise 5.6)  (used by generate with one prompt)" in report, report
     assert "YOURS      paged KV cache (Exercise 5.7)" in report, report
     parts, calls = backend.engine_parts(), sys.modules["llmrs_exercises_ch05"].CALLS
-    assert parts.kv_cache.__module__ == parts.paged_kv_cache.__module__ == "llmrs_exercises_ch05"
 
-    assert type(net.new_cache(4)) is parts.kv_cache
+    assert type(net.new_cache(4).inner).__module__ == "llmrs_exercises_ch05"  # theirs, in its checks
     for prompt in PROMPTS:
         assert greedy(net, prompt) == greedy(reference.network, prompt), f"generate after {prompt}"
     assert calls["view"] > 0, "model.generate never called the learner's ContiguousKVCache.view"
 
-    engine, outs = batch(net)
-    assert type(engine.cache) is parts.paged_kv_cache
+    engine, outs = batch(net, parts)
+    assert type(engine.cache.inner).__module__ == "llmrs_exercises_ch05"
     assert outs == batch(reference.network)[1], "the batch on the learner's pool differs from the engine's own"
     assert calls["gather"] > 0, "the engine never called the learner's PagedKVCache.gather"
 
@@ -146,7 +146,7 @@ def test_stubs_leave_the_engines_own_caches(tmp_path, reference):
         assert f"reference  {label}  (not implemented yet)" in backend.describe()
     assert backend.engine_parts() == EngineParts.engines_own()
     assert greedy(net, PROMPTS[0]) == greedy(reference.network, PROMPTS[0])
-    assert batch(net)[1] == batch(reference.network)[1]
+    assert batch(net, backend.engine_parts())[1] == batch(reference.network)[1]
 
 
 @pytest.mark.parametrize("mistake", list(MISTAKES))
@@ -158,12 +158,12 @@ def test_a_wrong_cache_is_named_and_the_engines_own_runs(tmp_path, reference, mi
     assert part.note.startswith("yours raised CacheProtocolError: "), part.note
     assert message in part.note, f"{mistake}:\n{part.note}"
     assert greedy(net, PROMPTS[0]) == greedy(reference.network, PROMPTS[0])
-    assert batch(net)[1] == batch(reference.network)[1]
+    assert batch(net, backend.engine_parts())[1] == batch(reference.network)[1]
 
 
 @pytest.mark.parametrize("backend_name", ["numpy", "numba"])
 def test_a_view_that_forgets_n_new_is_named_before_attention(tmp_path, reference, backend_name):
-    """The issue's case: the learner's own class in the model (as chapter 5's tests and notebook run
+    """The issue's case: the learner's own class in the model, in its checks (as chapter 5's tests run
     it). Decoding after a prompt, its view has ``length`` keys: the shape is plausible, but the new
     token's own key is missing. It must be a CacheProtocolError, on the Numba backend too."""
     if backend_name == "numba":
@@ -171,7 +171,7 @@ def test_a_view_that_forgets_n_new_is_named_before_attention(tmp_path, reference
     learner(tmp_path, reference, WRITTEN + MISTAKES["view forgets n_new"][0])
     theirs = exercises(5, "learner", root=tmp_path).ContiguousKVCache
     net = llmrs.load(reference.gguf.path, backend=backend_name).network
-    cache = theirs(net.config, 8)
+    cache = CheckedKVCache(theirs(net.config, 8), yours=True)
     with pytest.raises(CacheProtocolError) as e:
         net.forward([1, 2, 3], cache)
     assert "ContiguousKVCache.view(layer 0, n_new=3) (Exercise 5.6) returned keys of shape (0, 2, 8)" in str(e.value)
@@ -187,7 +187,7 @@ class ContiguousKVCache(ContiguousKVCache):
     learner(tmp_path, reference, short)
     theirs = exercises(5, "learner", root=tmp_path).ContiguousKVCache
     net = reference.network
-    cache = theirs(net.config, 8)
+    cache = CheckedKVCache(theirs(net.config, 8), yours=True)
     net.forward([1, 2, 3], cache)
     with pytest.raises(CacheProtocolError, match=r"expected floats \[4, 2, 8\] \(length 3 \+ n_new 1\) — "):
         net.forward([4], cache)
@@ -217,7 +217,7 @@ class PagedKVCache(PagedKVCache):
 '''
     net, backend = learner(tmp_path, reference, late)
     assert backend.parts["paged_kv_cache"].source == "yours", backend.describe()
-    engine = Engine(net, ByteTokenizer(), num_blocks=32, block_size=4)
+    engine = Engine(net, ByteTokenizer(), num_blocks=32, block_size=4, parts=backend.engine_parts())
     with pytest.raises(SchedulerProtocolError, match=r"take 2 — reserve them first \(cache\.reserve\); or "
                                                      r"PagedKVCache\.reserve \(Exercise 5\.7\), your pool's, took too few"):
         engine.generate([[1, 2, 3, 4, 5]], max_tokens=2)

@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 
 import llmrs_core as llmrs
-from llmrs_core.backends.learner import LearnerBackend, LearnerOutputError
 from llmrs_core.model import LlamaModel
 from llmrs_core.testing import write_tiny_llama
+from llmrs_core.workbook.learner import LearnerBackend, LearnerOutputError
 
 CH3 = '''
 import numpy as np

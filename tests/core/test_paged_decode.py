@@ -1,5 +1,5 @@
 """Decode tokens of the engine's paged pool, written and attended together (``kv_cache.paged.decode_group``,
-``reserve_decode``/``write_decode``, ``Backend.paged_decode_attention``).
+``PagedKVCache.reserve_decode``/``write_decode``, ``Backend.paged_decode_attention``).
 
 * the Numba kernel reads the pool in place and gives the numbers of the contiguous kernel on the
   gathered keys, bit for bit (both call ``ops._attend``); the base backend's default is that
@@ -19,6 +19,7 @@ from llmrs_core.backends.numpy_backend import NumpyBackend
 from llmrs_core.kernels.cpu import ops
 from llmrs_core.kv_cache.paged import PagedKVCache, PagedSequence, decode_group
 from llmrs_core.testing import write_tiny_llama
+from llmrs_core.workbook.checked import CheckedPagedKVCache
 
 pytestmark = pytest.mark.core
 
@@ -78,7 +79,7 @@ def test_a_paged_batch_decodes_as_contiguous_caches_do(tiny_path, backend, exact
     rng = np.random.default_rng(0)
     prompts = [rng.integers(0, 64, n).tolist() for n in (3, 9, 4, 17, 8)]  # ends inside and on block edges
     steps = [rng.integers(0, 64, len(prompts)).tolist() for _ in range(6)]
-    pool = net.backend.engine_parts().paged_kv_cache(net.config, num_blocks=32, block_size=4, xp=net.backend.xp)
+    pool = PagedKVCache(net.config, num_blocks=32, block_size=4, xp=net.backend.xp)
     paged = [pool.sequence(i) for i in range(len(prompts))]
     contiguous = [net.new_cache(len(p) + len(steps)) for p in prompts]
     for caches in (paged, contiguous):
@@ -133,10 +134,8 @@ def test_a_forked_sequence_copies_its_shared_block_before_writing(tiny_path):
 
 
 def test_a_learners_cache_is_not_grouped():
-    class Other(PagedSequence):
-        pass
-
     pool = PagedKVCache.__new__(PagedKVCache)
     pool.tables, pool.lengths = {}, {}
-    other = Other(pool, "x")
-    assert decode_group([other], [1]) is None, "a cache of another class must go through its own write/view"
+    theirs = CheckedPagedKVCache(pool, yours=True).sequence("x")  # how a learner's pool reaches the engine
+    assert decode_group([theirs], [1]) is None, "a learner's cache must go through its own write/view, checked"
+    assert decode_group([PagedSequence(pool, "y")], [1]) == (pool, [0])

@@ -1,10 +1,11 @@
-"""The engine checks what a scheduler and a prefix cache return (llmrs_core.engine.checks).
+"""The workbook checks what a scheduler and a prefix cache return (llmrs_core.workbook.scheduler_checks).
 
 Each broken class below makes one mistake a learner's Exercise 7.6 scheduler or
 Exercise 7.7 radix cache can make; the engine must stop it with a
 SchedulerProtocolError that names the method and what was expected, before the
 model runs the step (and before blocks are written that another sequence reads).
-The engine's own classes pass the same checks (every engine test runs them).
+The engine's own classes pass the same checks. Each class runs in the wrapper that plugs a
+learner's into the engine (``workbook.checked.checked_parts``).
 """
 
 from __future__ import annotations
@@ -13,8 +14,9 @@ import pytest
 
 import llmrs_core as llmrs
 from llmrs_core.engine import Engine, RadixCache, RequestStatus, ScheduledChunk, Scheduler
-from llmrs_core.engine.checks import SchedulerProtocolError
 from llmrs_core.testing import plant, write_tiny_llama
+from llmrs_core.workbook.checked import checked_parts
+from llmrs_core.workbook.scheduler_checks import SchedulerProtocolError
 
 PROMPTS = [[1, 2, 3, 4, 5, 6, 7, 8, 9], [1, 2, 3, 4, 5, 6, 7, 8, 10], [11, 12, 13]]
 
@@ -26,9 +28,10 @@ def net(tmp_path_factory):
     return llmrs.load(path, backend="numpy").network
 
 
-def engine(net, **kw):
+def engine(net, scheduler_class=Scheduler, prefix_cache_class=RadixCache, **kw):
     settings = dict(num_blocks=16, block_size=4, max_num_seqs=3, max_num_batched_tokens=16, prefix_caching=False)
-    return Engine(net, None, **{**settings, **kw})
+    parts = checked_parts(scheduler=scheduler_class, prefix_cache=prefix_cache_class)
+    return Engine(net, None, parts=parts, **{**settings, **kw})
 
 
 class KeepsFinished(Scheduler):

@@ -16,7 +16,6 @@ import numpy as np
 import pytest
 
 import llmrs_core as llmrs
-from llmrs_core.backends.learner import LearnerBackend
 from llmrs_core.backends.numpy_backend import NumpyBackend
 from llmrs_core.engine import Engine
 from llmrs_core.formats.source import WeightSource
@@ -29,6 +28,7 @@ from llmrs_core.kv_cache import (
 )
 from llmrs_core.model import LlamaModel
 from llmrs_core.testing import normalised_error, write_tiny_llama
+from llmrs_core.workbook.learner import LearnerBackend
 
 ROOT = Path(__file__).resolve().parents[2]
 

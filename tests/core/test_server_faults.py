@@ -1,7 +1,7 @@
 """`llmrs serve` under injected faults (chapter 12.3): a backend that raises, a step that stalls, a
 client that never reads its stream, a deadline, SIGTERM during a burst.
 
-Faults come from :mod:`llmrs_core.testing_faults` (a backend wrapper that raises or blocks at a
+Faults come from :mod:`llmrs_core.testing.faults` (a backend wrapper that raises or blocks at a
 given forward pass) and the public configuration (``request_timeout``, ``step_timeout``,
 ``stream_buffer``). In every case: no client hangs (every wait is bounded by WAIT), each gets its
 answer or a clear error, and afterwards the KV pool holds no block of theirs. Servers listen on
@@ -32,7 +32,7 @@ from llmrs_core.bench.serve_compare import free_port  # noqa: E402
 from llmrs_core.server import BackgroundServer, EngineLoop, create_app  # noqa: E402
 from llmrs_core.server.loop import ENGINE_FAILED  # noqa: E402
 from llmrs_core.testing import write_tiny_llama  # noqa: E402
-from llmrs_core.testing_faults import inject_faults  # noqa: E402
+from llmrs_core.testing.faults import inject_faults  # noqa: E402
 
 WAIT = 30.0  # seconds: the bound on every wait below (a hang fails, it does not block CI)
 

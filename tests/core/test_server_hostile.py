@@ -48,7 +48,7 @@ from llmrs_core.sampling import (  # noqa: E402
 )
 from llmrs_core.server import BackgroundServer, create_app  # noqa: E402
 from llmrs_core.testing import write_tiny_llama  # noqa: E402
-from llmrs_core.testing_faults import inject_faults  # noqa: E402
+from llmrs_core.testing.faults import inject_faults  # noqa: E402
 from llmrs_core.validation import MAX_STOP_CHARS, MAX_STOP_STRINGS  # noqa: E402
 
 WAIT = 60.0  # seconds: the bound on every wait below (a hang fails, it does not block CI)

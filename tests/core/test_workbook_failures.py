@@ -1,8 +1,8 @@
-"""The pieces of a learner's failure report (llmrs_core.workbook_failures); end to end in test_workbook_mechanics."""
+"""The pieces of a learner's failure report (llmrs_core.workbook.failures); end to end in test_workbook_mechanics."""
 
 from __future__ import annotations
 
-from llmrs_core.workbook_failures import LINE_LIMIT, RepeatedDiagnoses, diagnosis_key, without_introspection
+from llmrs_core.workbook.failures import LINE_LIMIT, RepeatedDiagnoses, diagnosis_key, without_introspection
 
 
 def test_a_message_drops_pytests_explanation():

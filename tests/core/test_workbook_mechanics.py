@@ -307,7 +307,7 @@ def test_find_stubs_reads_functions_and_methods_and_ignores_dead_raises():
 
 def progress(root: Path) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "llmrs_core.workbook_progress"], cwd=root, capture_output=True, text=True,
+        [sys.executable, "-m", "llmrs_core.workbook.progress"], cwd=root, capture_output=True, text=True,
         timeout=120,
     )
 
@@ -380,7 +380,7 @@ def test_run_tests_under_make_test_says_where_the_tests_run(monkeypatch, capsys)
 
 def test_a_run_without_exercise_tests_says_so_instead_of_crashing(tmp_path):
     # pytest --collect-only runs nothing: the last line must not index an empty list
-    from llmrs_core.workbook_report import final_line
+    from llmrs_core.workbook.report import final_line
 
     assert final_line(3, {}, "learner", tmp_path) == "Chapter 3: no exercise tests ran."
 
@@ -389,7 +389,7 @@ def test_a_run_without_exercise_tests_says_so_instead_of_crashing(tmp_path):
 
 
 def test_a_passing_exercise_outside_the_engine_says_where_its_code_runs(workbook):
-    from llmrs_core.workbook_report import final_line, results_for
+    from llmrs_core.workbook.report import final_line, results_for
 
     results = {e: r for e, r in results_for(1, [("1.6", "passed")], [], workbook).items() if e == "1.6"}
     line = final_line(1, results, "learner", workbook, {"3.6": ["attention"]})
@@ -402,8 +402,8 @@ def test_a_passing_exercise_outside_the_engine_says_where_its_code_runs(workbook
 
 
 def test_progress_keeps_titles_whole_and_explains_the_engine_column(committed):
-    from llmrs_core.workbook_progress import ENGINE_LEGEND, NOT_IN_ENGINE, Row, _engine_column, format_table
-    from llmrs_core.workbook_report import ExerciseResult
+    from llmrs_core.workbook.progress import ENGINE_LEGEND, NOT_IN_ENGINE, Row, _engine_column, format_table
+    from llmrs_core.workbook.report import ExerciseResult
 
     title = "Building a Multi-GPU Engine (here: multi-process)"
     table = format_table([Row(11, ExerciseResult("11.5", title), "not started", NOT_IN_ENGINE)])

@@ -25,9 +25,9 @@ from typing import Any
 
 import numpy as np
 
-from .attention import PLAIN, AttentionOptions
-from .backends.base import Backend, EngineParts
-from .sampling import SamplingParams
+from ..attention import PLAIN, AttentionOptions
+from ..backends.base import Backend
+from ..sampling import SamplingParams
 
 
 class InjectedFault(RuntimeError):
@@ -145,8 +145,6 @@ class FaultyBackend(Backend):
     def sampler(self, params: SamplingParams) -> Callable[..., int]:
         return self.inner.sampler(params)
 
-    def engine_parts(self) -> EngineParts:
-        return self.inner.engine_parts()  # a faulty learner backend keeps the learner's classes
 
     def describe(self) -> str:
         return f"{self.inner.describe()} with injected faults"

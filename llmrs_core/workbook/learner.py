@@ -8,8 +8,9 @@ learner function is first tried on a small probe input and compared with
 the reference, so a wrong implementation is reported, not hidden — and it
 is still used: seeing its effect on the model's text is part of the lesson.
 
-The engine's state is built from the learner's classes too, through
-:meth:`LearnerBackend.engine_parts` (the seam :class:`~llmrs_core.backends.base.EngineParts`):
+The engine's state is built from the learner's classes too: :meth:`LearnerBackend.engine_parts`
+(:class:`~llmrs_core.engine.parts.EngineParts`, which ``load(backend="learner")`` hands the model
+and the engine) gives them, each wrapped in its checks (:mod:`~llmrs_core.workbook.checked`):
 
 * Exercise 5.6's ``ContiguousKVCache`` holds the keys and values of ``model.generate``
   with one prompt (``llmrs generate --impl learner``);
@@ -18,11 +19,11 @@ The engine's state is built from the learner's classes too, through
 * Exercise 7.6's ``Scheduler`` and 7.7's ``RadixCache`` run inside that engine.
 
 A cache class is used where it passes a short run on a tiny config
-(:mod:`~llmrs_core.kv_cache.probe`: every view compared with what was written,
+(:mod:`~llmrs_core.workbook.cache_probe`: every view compared with what was written,
 copy-on-write, ``free``); a stub, or one that fails, leaves the engine's own,
 and the YOURS table says why ("not implemented yet", "yours raised ..."). Unlike
 a wrong operation a broken cache is not used: it could not give any text. What
-the learner's caches return is still checked on every step (``kv_cache.checks``),
+the learner's caches return is still checked on every step (``workbook.cache_checks``),
 so a cache that goes wrong later is named — ``ContiguousKVCache.view(...)
 (Exercise 5.6) returned keys of shape ...`` — before attention's kernel sees it.
 """
@@ -38,9 +39,10 @@ import numpy as np
 
 from .. import attention, layers, rope
 from ..attention import PLAIN
+from ..backends.numpy_backend import NumpyBackend
+from ..engine.parts import EngineParts
 from ..sampling import Sampler, SamplingParams
-from .base import EngineParts
-from .numpy_backend import NumpyBackend
+from .checked import checked_parts
 
 #: where the batching engine's parts run
 _BATCHING = "used by the batching engine (generate with several prompts, bench throughput, serve)"
@@ -119,7 +121,7 @@ class LearnerBackend(NumpyBackend):
     name = "learner"
 
     def __init__(self, root: Any = None):
-        from ..workbook import exercises
+        from . import exercises
 
         self.parts: dict[str, Part] = {}
         try:
@@ -154,13 +156,8 @@ class LearnerBackend(NumpyBackend):
         if theirs is None:
             self.parts[op] = Part(label, "reference", "not in your exercises")
             return None
-        try:
-            got = np.asarray(theirs(*probe))
-        except NotImplementedError:
-            self.parts[op] = Part(label, "reference", "not implemented yet")
-            return None
-        except Exception as e:  # the learner's code may fail in any way; say how, use ours
-            self.parts[op] = Part(label, "reference", f"yours raised {type(e).__name__}: {e}")
+        ran, got = self._try(op, label, lambda: np.asarray(theirs(*probe)))
+        if not ran:
             return None
         want = reference(*probe)
         if got.shape != want.shape:
@@ -179,13 +176,9 @@ class LearnerBackend(NumpyBackend):
         if theirs is None:
             self.parts["sampler"] = Part(label, "reference", "not in your exercises")
             return None
-        try:
-            theirs(np.array([0.0, 1.0], dtype=np.float32), SamplingParams(), np.random.default_rng(0), ())
-        except NotImplementedError:
-            self.parts["sampler"] = Part(label, "reference", "not implemented yet")
-            return None
-        except Exception as e:
-            self.parts["sampler"] = Part(label, "reference", f"yours raised {type(e).__name__}: {e}")
+        ran, _ = self._try("sampler", label, lambda: theirs(
+            np.array([0.0, 1.0], dtype=np.float32), SamplingParams(), np.random.default_rng(0), ()))
+        if not ran:
             return None
         self.parts["sampler"] = Part(label, "yours")
         return theirs
@@ -193,12 +186,12 @@ class LearnerBackend(NumpyBackend):
     def _choose_engine_parts(self, root: Any) -> EngineParts:
         """Chapter 5's caches (5.6, 5.7) and chapter 7's Scheduler (7.6) and RadixCache (7.7), each
         where it is written. A cache class is run once through a short protocol on a tiny config
-        (:mod:`~llmrs_core.kv_cache.probe`): one that fails it is reported and the engine's own
+        (:mod:`~llmrs_core.workbook.cache_probe`): one that fails it is reported and the engine's own
         runs. A scheduler or prefix cache is constructed once on a tiny pool to see; the engine
-        checks every schedule and prefix match they give it (``engine.checks``), so a wrong one is
-        named when it misbehaves. What the learner's caches return is checked on every step too
-        (``kv_cache.checks``)."""
-        from ..kv_cache.probe import TINY, probe_kv_cache, probe_paged_kv_cache
+        checks every schedule and prefix match they give it (``workbook.scheduler_checks``), so a
+        wrong one is named when it misbehaves. What the learner's caches return is checked on every
+        step too (``workbook.cache_checks``): each class of the learner's comes wrapped in its checks."""
+        from .cache_probe import TINY, probe_kv_cache, probe_paged_kv_cache
 
         own = EngineParts.engines_own()
         ch5, ch7 = self._chapter(5, root), self._chapter(7, root)
@@ -215,11 +208,17 @@ class LearnerBackend(NumpyBackend):
         prefix_cache = self._choose_class(
             "prefix_cache", "prefix cache (Exercise 7.7)", ch7, "RadixCache", own.prefix_cache,
             lambda cls: cls(pool.allocator, 4), _BATCHING)
-        return EngineParts(scheduler=scheduler, prefix_cache=prefix_cache, kv_cache=kv_cache, paged_kv_cache=paged)
+        chosen = {"scheduler": scheduler, "prefix_cache": prefix_cache, "kv_cache": kv_cache, "paged_kv_cache": paged}
+        # with the learner's pool, the engine's own scheduler and prefix cache run checked too: their
+        # checks read the pool's tables, and name its reserve when a table is wrong
+        checked = {op for op in chosen if self.parts[op].source == "yours"}
+        if "paged_kv_cache" in checked:
+            checked |= {"scheduler", "prefix_cache"}
+        return checked_parts(**{op: chosen[op] for op in checked}, yours=True)
 
     @staticmethod
     def _chapter(chapter: int, root: Any) -> ModuleType | None:
-        from ..workbook import exercises
+        from . import exercises
 
         try:
             return exercises(chapter, "learner", root=root)
@@ -234,18 +233,25 @@ class LearnerBackend(NumpyBackend):
         if theirs is None or theirs is reference:
             self.parts[op] = Part(label, "reference", "not in your exercises")
             return reference
-        try:
-            try_it(theirs)
-        except NotImplementedError:
-            self.parts[op] = Part(label, "reference", "not implemented yet")
-            return reference
-        except Exception as e:  # the learner's code may fail in any way; say how, use ours
-            self.parts[op] = Part(label, "reference", f"yours raised {type(e).__name__}: {e}")
+        if not self._try(op, label, lambda: try_it(theirs))[0]:
             return reference
         self.parts[op] = Part(label, "yours", used_by)
         return theirs
 
+    def _try(self, op: str, label: str, attempt: Callable[[], Any]) -> tuple[bool, Any]:
+        """``(True, attempt())``; or, where the learner's code raises, ``(False, None)`` with
+        :attr:`parts` saying why the reference runs ("not implemented yet" for a stub)."""
+        try:
+            return True, attempt()
+        except NotImplementedError:
+            self.parts[op] = Part(label, "reference", "not implemented yet")
+        except Exception as e:  # the learner's code may fail in any way; say how, use ours
+            self.parts[op] = Part(label, "reference", f"yours raised {type(e).__name__}: {e}")
+        return False, None
+
     def engine_parts(self) -> EngineParts:
+        """What ``load(backend="learner")``'s model and engine are built from: the learner's classes
+        where they are written and work (wrapped in their checks), the engine's own elsewhere."""
         return self._engine_parts
 
     def sampler(self, params: SamplingParams) -> Callable[..., int]:

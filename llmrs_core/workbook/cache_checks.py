@@ -1,12 +1,11 @@
 """What a KV cache hands the forward pass, checked before it reaches attention (chapter 5).
 
-A cache can be the learner's (Exercises 5.6 and 5.7 plug into the model, and
-into the batching engine through the learner backend's ``engine_parts``), so
-``LlamaModel.forward_batch`` takes every value a cache returns through these
-functions: the RoPE positions, the keys and values to attend (exactly
-:meth:`~llmrs_core.kv_cache.base.KVCache.num_attended` of them), and ``length``
-after ``write`` and ``advance``; and one sequence of a paged pool checks its
-block table after every ``reserve`` (:func:`checked_reserve`). A cache that breaks the
+A learner's cache (Exercises 5.6 and 5.7) reaches the model wrapped in
+:class:`~llmrs_core.workbook.checked.CheckedKVCache`, which takes every value the
+cache returns through these functions: the RoPE positions, the keys and values to
+attend (exactly :meth:`~llmrs_core.kv_cache.base.KVCache.num_attended` of them), and
+``length`` after ``write`` and ``advance``; one sequence of a learner's paged pool checks
+its block table after every ``reserve`` (:func:`checked_reserve`). A cache that breaks the
 :class:`~llmrs_core.kv_cache.base.KVCache` protocol gets a
 :class:`CacheProtocolError` that names its method and what was expected —
 not a shape error, or a crash, from deep inside a compiled attention kernel.
@@ -19,7 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from .base import KVCache
+from ..kv_cache.base import KVCache
+from ..kv_cache.paged import PagedSequence, blocks_for
 
 
 class CacheProtocolError(ValueError):
@@ -30,26 +30,17 @@ class CacheProtocolError(ValueError):
 _EXERCISES = {"ContiguousKVCache": "Exercise 5.6", "PagedKVCache": "Exercise 5.7"}
 
 
-def is_learners(obj: Any) -> bool:
-    """Whether ``obj``'s class comes from the learner's exercises (the module ``llmrs_exercises_chNN``
-    that :func:`llmrs_core.workbook.exercises` loads)."""
-    return type(obj).__module__.startswith("llmrs_exercises_ch")
-
-
-def method_name(cache: Any, method: str, args: str | None = None) -> str:
+def method_name(cache: Any, method: str, args: str | None = None, yours: bool = False) -> str:
     """``ContiguousKVCache.view(layer 0, n_new=3)`` (``args`` in the parentheses); for one sequence
     of a paged pool, the pool's method that answers: ``PagedKVCache.gather(...) (through
-    PagedSequence.view)``. A class of the learner's exercises (the module ``llmrs_exercises_chNN``
-    that :func:`llmrs_core.workbook.exercises` loads) gets its exercise: ``... (Exercise 5.6)``."""
-    from .paged import PagedSequence  # paged calls checked_reserve: imported here, when a message is due
-
+    PagedSequence.view)``. The learner's class (``yours``) gets its exercise: ``... (Exercise 5.6)``."""
     through = ""
     if isinstance(cache, PagedSequence):
         pool = {"view": "gather", "write": "write", "advance": "advance"}.get(method)
         if pool is not None:
             cache, method, through = cache.cache, pool, f"through PagedSequence.{method}"
     cls = type(cache)
-    notes = [n for n in (through, _EXERCISES.get(cls.__name__, "your exercises.py") if is_learners(cache) else "")
+    notes = [n for n in (through, _EXERCISES.get(cls.__name__, "your exercises.py") if yours else "")
              if n]
     call = f"{cls.__name__}.{method}" + (f"({args})" if args is not None else "")
     return call + (f" ({'; '.join(notes)})" if notes else "")
@@ -65,21 +56,21 @@ def _length(cache: KVCache) -> int:
     return int(length)
 
 
-def checked_positions(cache: KVCache, n_new: int) -> np.ndarray:
+def checked_positions(cache: KVCache, n_new: int, yours: bool = False) -> np.ndarray:
     """``cache.positions(n_new)``, checked: ``[n_new]`` integers, at least 0."""
     positions = np.asarray(cache.positions(n_new))
     if positions.shape != (n_new,) or not np.issubdtype(positions.dtype, np.integer):
         raise CacheProtocolError(
-            f"{method_name(cache, 'positions', str(n_new))} returned {positions.dtype} of shape {positions.shape}; "
+            f"{method_name(cache, 'positions', str(n_new), yours=yours)} returned {positions.dtype} of shape {positions.shape}; "
             f"expected [{n_new}] integers, the RoPE positions of the {n_new} new tokens"
         )
     if n_new and positions.min() < 0:
-        raise CacheProtocolError(f"{method_name(cache, 'positions', str(n_new))} returned a negative position")
+        raise CacheProtocolError(f"{method_name(cache, 'positions', str(n_new), yours=yours)} returned a negative position")
     return positions
 
 
 def checked_view(
-    cache: KVCache, layer: int, n_new: int, length: int, n_kv_heads: int, head_dim: int
+    cache: KVCache, layer: int, n_new: int, length: int, n_kv_heads: int, head_dim: int, yours: bool = False
 ) -> tuple[Any, Any]:
     """``cache.view(layer, n_new)``, checked against what attention needs.
 
@@ -92,7 +83,7 @@ def checked_view(
     now = _length(cache)
     if now != length:
         raise CacheProtocolError(
-            f"{method_name(cache, 'write')} changed length from {length} to {now}: every layer writes the same "
+            f"{method_name(cache, 'write', yours=yours)} changed length from {length} to {now}: every layer writes the same "
             "positions, so only advance() moves length on"
         )
     try:
@@ -100,7 +91,7 @@ def checked_view(
     except (TypeError, ValueError) as e:
         if "unpack" not in str(e):
             raise
-        raise CacheProtocolError(f"{method_name(cache, 'view')} must return two arrays, (keys, values)") from None
+        raise CacheProtocolError(f"{method_name(cache, 'view', yours=yours)} must return two arrays, (keys, values)") from None
     tk = int(cache.num_attended(n_new))
     counted = f"length {length} + n_new {n_new}" if tk == length + n_new else f"the {tk} keys the cache keeps"
     want = f"[{tk}, {n_kv_heads}, {head_dim}] ({counted})"
@@ -108,7 +99,7 @@ def checked_view(
         shape, dtype = getattr(a, "shape", None), getattr(a, "dtype", None)
         if shape is None or dtype is None:
             raise CacheProtocolError(
-                f"{method_name(cache, 'view', f'layer {layer}, n_new={n_new}')} returned {name} of type "
+                f"{method_name(cache, 'view', f'layer {layer}, n_new={n_new}', yours=yours)} returned {name} of type "
                 f"{type(a).__name__}; expected an array {want}"
             )
         ok = (
@@ -117,12 +108,12 @@ def checked_view(
         )
         if not ok:
             raise CacheProtocolError(
-                f"{method_name(cache, 'view', f'layer {layer}, n_new={n_new}')} returned {name} of shape "
+                f"{method_name(cache, 'view', f'layer {layer}, n_new={n_new}', yours=yours)} returned {name} of shape "
                 f"{tuple(shape)} ({dtype}); expected floats {want}{_hint(tuple(shape), tk, n_new)}"
             )
     if tuple(keys.shape) != tuple(values.shape):
         raise CacheProtocolError(
-            f"{method_name(cache, 'view', f'layer {layer}, n_new={n_new}')} returned keys {tuple(keys.shape)} but "
+            f"{method_name(cache, 'view', f'layer {layer}, n_new={n_new}', yours=yours)} returned keys {tuple(keys.shape)} but "
             f"values {tuple(values.shape)}; they must match"
         )
     return keys, values
@@ -139,27 +130,27 @@ def _hint(shape: tuple, tk: int, n_new: int) -> str:
     return ""
 
 
-def checked_advance(cache: KVCache, n_new: int, length: int) -> None:
+def checked_advance(cache: KVCache, n_new: int, length: int, yours: bool = False) -> None:
     """``cache.advance(n_new)``, then ``length`` must have grown from ``length`` by exactly ``n_new``."""
     cache.advance(n_new)
     now = _length(cache)
     if now != length + n_new:
         raise CacheProtocolError(
-            f"after {method_name(cache, 'advance', str(n_new))} length is {now}; expected {length} + {n_new} = "
+            f"after {method_name(cache, 'advance', str(n_new), yours=yours)} length is {now}; expected {length} + {n_new} = "
             f"{length + n_new}"
         )
 
 
-def checked_reserve(pool: Any, seq: Any, n: int) -> None:
+def checked_reserve(pool: Any, seq: Any, n: int, yours: bool = False) -> None:
     """After ``pool.reserve(seq, n)``: the block table of ``seq`` holds exactly the blocks that
     ``lengths[seq] + n`` tokens take, distinct blocks in use (ids ``0 .. num_blocks - 1``), and
     the blocks the ``n`` new tokens go to are held by ``seq`` alone (copy-on-write done), so
     that ``write`` may fill them. A :class:`~llmrs_core.kv_cache.paged.PagedKVCache` (or the
     learner's, Exercise 5.7) that breaks this gets a :class:`CacheProtocolError` naming its ``reserve``."""
-    where = method_name(pool, "reserve", f"{seq!r}, {n}")
+    where = method_name(pool, "reserve", f"{seq!r}, {n}", yours=yours)
     length, table, bs = pool.lengths[seq], pool.tables[seq], pool.block_size
     counts = pool.allocator.ref_counts
-    want = -(-(length + n) // bs)
+    want = blocks_for(length + n, bs)
     if len(table) != want:
         raise CacheProtocolError(
             f"after {where} the block table holds {len(table)} block(s); {length} + {n} tokens in blocks of "
@@ -185,6 +176,5 @@ def checked_reserve(pool: Any, seq: Any, n: int) -> None:
 
 
 __all__ = [
-    "CacheProtocolError", "checked_advance", "checked_positions", "checked_reserve", "checked_view", "is_learners",
-    "method_name",
+    "CacheProtocolError", "checked_advance", "checked_positions", "checked_reserve", "checked_view", "method_name",
 ]

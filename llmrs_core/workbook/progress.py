@@ -4,7 +4,7 @@ The stubs left in each ``chapters/chNN_*/exercises.py`` are read from the file.
 An exercise whose functions are all still the stubs git has (``HEAD``) is
 *not started* without running anything; the tests of every other exercise
 run in one quiet pytest process on the learner's code, and their outcomes
-give *failing* or *passing* (see :mod:`llmrs_core.workbook_report`). So the
+give *failing* or *passing* (see :mod:`llmrs_core.workbook.report`). So the
 table costs the tests of the exercises actually begun, and nothing on a
 fresh checkout. The engine column comes from the learner backend itself
 (``--impl learner``): YOURS where it runs the learner's function, reference
@@ -12,7 +12,7 @@ where it stands in for it, ``notebook only`` where the exercise does not plug in
 the engine (its code runs in the notebook's cells and the tests); :data:`ENGINE_LEGEND`
 says so under the table.
 
-Run it as ``python -m llmrs_core.workbook_progress``.
+Run it as ``python -m llmrs_core.workbook.progress``.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 from pathlib import Path
 
-from .workbook import (
+from . import (
     CHAPTERS,
     STUB_MESSAGE,
     TEST_NAME,
@@ -40,7 +40,7 @@ from .workbook import (
     tested_exercises,
     tests_folder,
 )
-from .workbook_report import NOT_STARTED, PASSING, ExerciseResult, engine_parts, results_for
+from .report import NOT_STARTED, PASSING, ExerciseResult, engine_parts, results_for
 
 NOT_IN_ENGINE = "notebook only"
 NO_ENGINE = "? (the learner backend did not start)"

@@ -1,9 +1,9 @@
 """What a scheduler and a prefix cache hand the engine, checked before the model runs (chapter 7).
 
-Both can be the learner's: ``Engine(scheduler_class=..., prefix_cache_class=...)``
-plugs in Exercise 7.6's scheduler and Exercise 7.7's radix cache. So the engine
-takes every schedule through :func:`checked_schedule`, and the engine's
-scheduler takes every prefix match through :func:`checked_match`. A schedule or a
+Both can be the learner's: Exercise 7.6's scheduler and Exercise 7.7's radix cache reach
+the engine wrapped in :class:`~llmrs_core.workbook.checked.CheckedScheduler` and
+:class:`~llmrs_core.workbook.checked.CheckedPrefixCache`, which take every schedule through
+:func:`checked_schedule` and every prefix match through :func:`checked_match`. A schedule or a
 match that breaks its contract gets a :class:`SchedulerProtocolError` that names
 the method and what was expected — not a ``RuntimeError`` from the block pool, a
 shape error from a compiled attention kernel three calls later, or blocks
@@ -16,10 +16,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..kv_cache.checks import is_learners, method_name
-from ..kv_cache.paged import PagedKVCache
-from .radix_cache import RadixNode
-from .scheduler import Request, RequestStatus, ScheduledChunk
+from ..engine.radix_cache import RadixNode
+from ..engine.scheduler import Request, RequestStatus, ScheduledChunk
+from ..kv_cache.paged import PagedKVCache, blocks_for
+from .cache_checks import method_name
 
 
 class SchedulerProtocolError(ValueError):
@@ -27,18 +27,13 @@ class SchedulerProtocolError(ValueError):
 
 
 def _method(obj: Any, method: str) -> str:
-    """``Scheduler.schedule``, with the module when the class is not the engine's own."""
+    """``Scheduler.schedule (from module)``: the class checked, and where it comes from."""
     cls = type(obj)
-    where = "" if cls.__module__.startswith("llmrs_core.") else f" (from {cls.__module__})"
-    return f"{cls.__name__}.{method}{where}"
-
-
-def _blocks_for(n_tokens: int, block_size: int) -> int:
-    return -(-n_tokens // block_size)
+    return f"{cls.__name__}.{method} (from {cls.__module__})"
 
 
 def checked_schedule(
-    scheduler: Any, chunks: Any, requests: Mapping[str, Request], cache: PagedKVCache
+    scheduler: Any, chunks: Any, requests: Mapping[str, Request], cache: PagedKVCache, pool_yours: bool = False
 ) -> list[ScheduledChunk]:
     """``scheduler.schedule()``'s result ``chunks``, checked against what one engine step needs.
 
@@ -47,7 +42,8 @@ def checked_schedule(
     ``1 <= n_tokens <= num_tokens - num_computed`` tokens; in all at most
     ``max_num_batched_tokens`` tokens and ``max_num_seqs`` requests. In the pool
     ``cache``, the request's sequence holds ``num_computed`` tokens and exactly the
-    blocks that ``num_computed + n_tokens`` tokens need, each of them in use.
+    blocks that ``num_computed + n_tokens`` tokens need, each of them in use. ``pool_yours``: the
+    pool is the learner's (Exercise 5.7), a suspect too when a table is wrong.
     """
     where = _method(scheduler, "schedule")
     if not isinstance(chunks, (list, tuple)):
@@ -99,11 +95,11 @@ def checked_schedule(
                 f"(num_tokens {r.num_tokens} - num_computed {r.num_computed})"
             )
         total += n
-        want = _blocks_for(length + n, cache.block_size)
+        want = blocks_for(length + n, cache.block_size)
         if len(table) != want:
             few = len(table) < want
-            pool = (f"; or {method_name(cache, 'reserve')}, your pool's, took too {'few' if few else 'many'} blocks"
-                    if is_learners(cache) else "")  # the learner's pool may be the one at fault
+            pool = (f"; or {method_name(cache, 'reserve', yours=True)}, your pool's, took too "
+                    f"{'few' if few else 'many'} blocks" if pool_yours else "")  # the learner's pool may be at fault
             raise SchedulerProtocolError(
                 f"{where} scheduled request {rid!r} for {n} tokens after {length}: its table holds {len(table)} "
                 f"blocks, but {length} + {n} tokens in blocks of {cache.block_size} take {want} — "
@@ -127,16 +123,17 @@ def checked_schedule(
 
 
 def checked_match(
-    prefix_cache: Any, tokens: Sequence[int], result: Any, cache: PagedKVCache
+    prefix_cache: Any, tokens: Sequence[int], result: Any, block_size: int, ref_counts: Sequence[int]
 ) -> tuple[int, list[int], RadixNode]:
     """``prefix_cache.match_prefix(tokens)``'s ``result``, checked: ``(n_tokens, blocks, node)``
     with ``n_tokens`` a multiple of the block size below ``len(tokens)`` (the last token is
-    always computed), one block in use per ``block_size`` tokens, and a :class:`RadixNode`."""
+    always computed), one block in use (``ref_counts``, the pool's) per ``block_size`` tokens, and a
+    :class:`RadixNode`."""
     where = _method(prefix_cache, "match_prefix")
     if not isinstance(result, (tuple, list)) or len(result) != 3:
         raise SchedulerProtocolError(f"{where} must return a tuple (n_tokens, blocks, node); got {result!r:.80}")
     n, blocks, node = result
-    bs = cache.block_size
+    bs = block_size
     if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n < len(tokens) or n % bs:
         raise SchedulerProtocolError(
             f"{where} matched {n!r} tokens of a {len(tokens)}-token prompt; expected a multiple of the block size "
@@ -148,7 +145,7 @@ def checked_match(
         raise SchedulerProtocolError(
             f"{where} matched {n} tokens with {len(blocks)} blocks; {n} tokens in blocks of {bs} take {n // bs}"
         )
-    counts = cache.allocator.ref_counts
+    counts = ref_counts
     bad = [b for b in blocks if isinstance(b, bool) or not isinstance(b, int) or not 0 <= b < len(counts)
            or counts[b] <= 0]
     if bad:

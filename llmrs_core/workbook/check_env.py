@@ -6,7 +6,7 @@ and whether a GPU is usable. Runs with the standard library alone, so it can
 explain a broken environment instead of crashing in it. Exit status 1 if
 anything required fails; no GPU is fine.
 
-Run it as ``python llmrs_core/check_env.py`` (that is what the Makefile does).
+Run it as ``python llmrs_core/workbook/check_env.py`` (that is what the Makefile does).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 MIN_PYTHON = (3, 10)
 
 
@@ -28,7 +28,7 @@ def _load_fetch_module():
     (whose __init__ imports NumPy, which may be the thing that is missing)."""
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("_llmrs_fetch", Path(__file__).with_name("fetch.py"))
+    spec = importlib.util.spec_from_file_location("_llmrs_fetch", Path(__file__).parent.parent / "fetch.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look their module up by name
     spec.loader.exec_module(module)

@@ -13,8 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from .formats.gguf import GGUFField, GGUFValueType
-from .formats.gguf_writer import write_gguf
+from ..formats.gguf import GGUFField, GGUFValueType
+from ..formats.gguf_writer import write_gguf
 
 TINY_LLAMA = dict(
     vocab_size=64,
@@ -95,7 +95,7 @@ def byte_level_tokenizer_metadata() -> dict[str, Any]:
     """A real GGUF tokenizer for a tiny model: one token per byte (GPT-2's byte-to-character
     map), no merges, ``<|endoftext|>`` (id 256) as EOS and :data:`TINY_CHAT_TEMPLATE` — so text
     and chat work on token ids 0..255 (the model needs ``vocab_size=257``, :data:`TINY_TEXT_LLAMA`)."""
-    from .tokenizer.bytes_map import bytes_to_unicode
+    from ..tokenizer.bytes_map import bytes_to_unicode
 
     chars = bytes_to_unicode()
     return {
@@ -134,9 +134,9 @@ def write_tiny_llama(
     metadata = {k: v for k, v in metadata.items() if k not in drop_keys}
     tensors = tiny_llama_tensors(**params, tie_embeddings=tie_embeddings, seed=seed)
     if weight_type is not None:
-        from .formats.gguf_writer import TensorToWrite
-        from .quant.ggml_blocks import quantize
-        from .quant.types import type_by_name
+        from ..formats.gguf_writer import TensorToWrite
+        from ..quant.ggml_blocks import quantize
+        from ..quant.types import type_by_name
 
         t = type_by_name(weight_type)
         tensors = {
@@ -153,7 +153,7 @@ def backend_with(**ops: Any):
     Keys: ``matmul``, ``rms_norm``, ``swiglu``, ``rope``, ``attention``,
     ``embed`` — with the signatures of :class:`~llmrs_core.backends.base.Backend`.
     """
-    from .backends.numpy_backend import NumpyBackend
+    from ..backends.numpy_backend import NumpyBackend
 
     unknown = set(ops) - {"matmul", "rms_norm", "swiglu", "rope", "attention", "embed"}
     if unknown:
@@ -170,8 +170,8 @@ def backend_with(**ops: Any):
 def _llama_attention(fn: Any, backend: Any) -> Any:
     """``fn(q, k, v)`` as a backend's ``attention(q, k, v, options)``: used for Llama's attention
     (no options), the reference for a family's window or soft-cap."""
-    from .attention import PLAIN
-    from .backends.numpy_backend import NumpyBackend
+    from ..attention import PLAIN
+    from ..backends.numpy_backend import NumpyBackend
 
     def attention(q: Any, k: Any, v: Any, options: Any = PLAIN) -> Any:
         return fn(q, k, v) if options.plain else NumpyBackend.attention(backend, q, k, v, options)
@@ -240,7 +240,7 @@ def naive_llama(w: dict, p: dict, ids: list[int]) -> tuple[np.ndarray, list[np.n
 
 def tiny_llama_config(**overrides: Any):
     """The :class:`~llmrs_core.config.ModelConfig` of :func:`write_tiny_llama`'s model."""
-    from .config import ModelConfig
+    from ..config import ModelConfig
 
     p = {**TINY_LLAMA, **overrides}
     return ModelConfig(
@@ -333,7 +333,7 @@ def float32_tolerance(k: Any, depth: int = 1, safety: float = 10.0) -> float:
     below what a bug gives: a missing scale, a wrong RoPE pairing or a dropped block of weights
     are errors of order 1, and weights rounded to float16 on the way are about 1e-3.
     """
-    from .config import ModelConfig
+    from ..config import ModelConfig
 
     if isinstance(k, ModelConfig):
         k, depth = max(k.hidden_size, k.intermediate_size), k.n_layers
@@ -343,7 +343,7 @@ def float32_tolerance(k: Any, depth: int = 1, safety: float = 10.0) -> float:
 def random_q4(rows: int, cols: int, seed: int = 0):
     """A random 4-bit matrix ``w = d * q + m`` packed for the CPU kernels (chapter 8), and the same
     matrix dequantised in float64 ``[rows, cols]``. ``cols`` is a multiple of 32."""
-    from .kernels.cpu.packing import pack_affine_q4
+    from ..kernels.cpu.packing import pack_affine_q4
 
     rng = np.random.default_rng(seed)
     codes = rng.integers(0, 16, (rows, cols), dtype=np.uint8)
@@ -360,8 +360,8 @@ def q4_matvec_variants(w: Any, x: np.ndarray) -> list[tuple[str, np.ndarray]]:
     ``m * sum(x)`` term left out, the output rows in lane-major order, the blocks of ``x`` taken
     16 apart (a block's 16 bytes counted for its 32 values). For :func:`diagnose`.
     """
-    from .kernels.cpu.packing import LANES
-    from .labs.naive import row_major
+    from ..kernels.cpu.packing import LANES
+    from ..labs.naive import row_major
 
     qs, d, m = row_major(w)  # [rows, nb, 16] bytes (element j low, j + 16 high), [rows, nb] scales
     lo, hi = (qs & 15).astype(np.float64), (qs >> 4).astype(np.float64)
@@ -473,7 +473,7 @@ def chapter_tests(chapter: int, filename: str) -> Any:
     that a diagnosis test can call the chapter's tests with a planted mistake."""
     import importlib.util
 
-    from .workbook import find_root
+    from ..workbook import find_root
 
     path = find_root() / "tests" / f"ch{chapter:02d}" / filename
     spec = importlib.util.spec_from_file_location(f"diagnosed_{path.stem}", path)
@@ -497,7 +497,7 @@ def solution_with(chapter: int, **planted: Any) -> Any:
     names replaced, e.g. by :func:`plant`'s copies: a learner's module with known mistakes."""
     import types
 
-    from .workbook import exercises
+    from ..workbook import exercises
 
     sol = exercises(chapter, "solutions")
     copy = types.SimpleNamespace(**{n: getattr(sol, n) for n in sol.__all__})

@@ -10,7 +10,7 @@ first copied to ``exercises.py.<exercise>-<time>.bak`` beside it, and the
 command names that file. Where the exercise's definitions are still the stubs,
 nothing is written and no backup made: the command says so.
 
-Run it as ``python -m llmrs_core.workbook_reset 3.6 [--rev REV]``.
+Run it as ``python -m llmrs_core.workbook.reset 3.6 [--rev REV]``.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import sys
 import time
 from pathlib import Path
 
-from .workbook import (
+from . import (
     chapter_exercises,
     committed_source,
     exercises_path,

@@ -3,7 +3,7 @@ and the next step.
 
 Used by ``tests/conftest.py`` at the end of ``make test-chapter N`` and
 ``make test-exercise E=N.M``, and by ``make progress``
-(:mod:`llmrs_core.workbook_progress`). Not engine code.
+(:mod:`llmrs_core.workbook.progress`). Not engine code.
 
 An exercise's status, from its tests' outcomes:
 
@@ -22,7 +22,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .workbook import CHAPTERS, Stub, chapter_exercises, exercise_key, exercises_path
+from . import CHAPTERS, Stub, chapter_exercises, exercise_key, exercises_path
 
 PASSING, FAILING, NOT_STARTED, SKIPPED, NO_TESTS = "passing", "failing", "not started", "skipped", "no tests yet"
 IN_PROGRESS = "in progress"
@@ -123,7 +123,7 @@ def engine_parts(root: Path | None = None) -> dict[str, list[str]] | None:
     Each exercise that plugs into the engine is listed, with an empty list while the
     reference stands in for it. None when the learner backend cannot start here.
     """
-    from .backends.learner import LearnerBackend
+    from .learner import LearnerBackend
 
     try:
         backend = LearnerBackend(root=root)
