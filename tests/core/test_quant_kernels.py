@@ -97,8 +97,8 @@ def test_int8_path_holds_only_the_copy_and_embeds_the_files_rows(type_name, tmp_
     for w in (net.layers[0].wq, net.layers[0].w_down, net.token_embd):
         assert w.released and w.qs.size == 0 and w.nbytes == w.int8.nbytes, f"{type_name}: packed arrays kept"
     ids = np.array([0, 5, 63, 5, 17])
-    got = int8_model._backend.embed(net.token_embd, ids)
-    want = exact._backend.embed(exact.network.token_embd, ids)
+    got = net.backend.embed(net.token_embd, ids)
+    want = exact.network.backend.embed(exact.network.token_embd, ids)
     np.testing.assert_array_equal(got, want, err_msg=f"{type_name}: the file's rows differ from the packed form's")
 
 
