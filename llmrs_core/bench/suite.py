@@ -188,12 +188,17 @@ def speed_outcome(model_path: Path, plan: Plan, tick: Callable[[str], None], bac
         model = load(model_path, backend=name, threads=plan.threads if name == "numba" else None)
         networks[name] = model.network
         engines[name] = (*_our_runs(model, plan.pp, plan.tg), plan.threads)
-    runs = _llama_cpp_runs(model_path, plan.pp, plan.tg, plan.threads) if compare else None
+    try:
+        runs = _llama_cpp_runs(model_path, plan.pp, plan.tg, plan.threads) if compare else None
+    except (ValueError, RuntimeError, OSError) as e:  # llama-cpp-python's "Failed to load model from file"
+        runs = None
+        notes.append(f"llama.cpp could not load {model_path.name} ({e}), so the speed figures have no reference")
+    else:
+        if runs is None and compare:
+            notes.append("llama.cpp: not installed (`.venv/bin/pip install llama-cpp-python`, a 5-minute build), "
+                         "so the speed figures have no reference")
     if runs is not None:
         engines["llama.cpp"] = (*runs, None)
-    elif compare:
-        notes.append("llama.cpp: not installed (`.venv/bin/pip install llama-cpp-python`, a 5-minute build), "
-                     "so the speed figures have no reference")
 
     last = list(engines)[-1]  # a round ends with the last engine's tg: one tick a round
     run_pp, run_tg, blas = engines[last]

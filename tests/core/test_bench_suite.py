@@ -276,3 +276,21 @@ def test_scale_names_how_to_make_its_files_and_measures_each_one(tmp_path, monke
     assert outcome.raw[shape]["memory"]["roofline"]["bytes_per_token"] > 0
     assert len(ticks) == bench.steps(TINY_PLAN) == TINY_PLAN.repetitions
     assert outcome.raw[shape]["bytes"] > 0
+
+
+def test_a_file_llamacpp_cannot_load_is_a_note_not_an_abort(tmp_path, monkeypatch):
+    """llama-cpp-python raises ValueError("Failed to load model from file") on a file it refuses (a
+    tiny test model, an architecture it lacks): the benchmark reports ours and says why it has no
+    reference, instead of ending the whole `bench all` run."""
+    from llmrs_core.bench import speed as speed_module
+    from llmrs_core.bench.suite import speed_outcome
+
+    def refuses(path, *args):
+        raise ValueError(f"Failed to load model from file: {path}")
+
+    monkeypatch.setattr(speed_module, "_llama_cpp_runs", refuses)
+    path = tmp_path / "tiny.gguf"
+    write_tiny_llama(path, byte_tokenizer=True, seed=5, context_length=64)
+    outcome = speed_outcome(path, TINY_PLAN, lambda key: None, ("numba",), True, "speed")
+    assert any("llama.cpp could not load tiny.gguf" in note for note in outcome.notes), outcome.notes
+    assert outcome.raw["engines"] == ["numba"] and any(f.key == "speed.tg4.numba" for f in outcome.figures)
