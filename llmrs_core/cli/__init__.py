@@ -26,9 +26,9 @@ entry points are modules run with ``python -m`` (each one's ``--help`` says more
     llmrs_core.bench.tokenizer         make bench-tokenizer: our BPE against tokenizers (2)
     llmrs_core.bench.footprint         one engine's RSS and load time in a fresh process (bench all, 8)
     llmrs_core.vocab_fetch             make fetch-vocab: the third-party vocabularies, sha256-checked
-    llmrs_core.check_env               make check-env (run as a file: python llmrs_core/check_env.py)
-    llmrs_core.workbook_progress       make progress: the learner's exercises, chapter by chapter
-    llmrs_core.workbook_reset          make reset: an exercise back to its stub
+    llmrs_core.workbook.check_env      make check-env (run as a file: python llmrs_core/workbook/check_env.py)
+    llmrs_core.workbook.progress       make progress: the learner's exercises, chapter by chapter
+    llmrs_core.workbook.reset          make reset: an exercise back to its stub
 """
 
 from __future__ import annotations
