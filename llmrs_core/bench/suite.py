@@ -3,10 +3,8 @@
 Each benchmark is the one its chapter defines, run :attr:`Plan.repetitions` times
 after a warm-up, and every figure is a :class:`~.stats.Figure`: the median of the
 repetitions, a bootstrap 95% interval, and a "noisy" mark when they vary by more
-than :data:`~.stats.NOISY_CV`. Where two engines are compared their repetitions
-are **interleaved** (A B A B …), so that a load that comes and goes hits both, and
-the ratio is taken per round: a ratio measured in one run is what travels between
-machines, absolute tokens/s do not.
+than :data:`~.stats.NOISY_CV`. Two engines compared are **interleaved** (A B A B …)
+and their ratio is taken per round (why the ratio, not tokens/s: appendix A.3).
 
 =================  ===========================================================  =======
 benchmark          what                                                          chapter
