@@ -24,10 +24,11 @@ benchmark          what                                                         
                    (:mod:`.dist`; skipped without mpi4py/mpiexec, the dist extra)
 =================  ===========================================================  =======
 
-A benchmark whose optional reference is missing runs without it and says so in
-``notes``; one that cannot run at all (the serve or dist extra missing) is skipped with a
-sentence. A benchmark may give a table besides its figures, ``raw["table"] = {"columns":
-[...], "rows": [[...]]}`` of display strings, which the report prints as it is. Before it starts, :func:`busy_check` looks for a busy machine.
+A benchmark whose optional reference is missing runs without it and says so in ``notes``; one that
+cannot run at all (the serve or dist extra missing) is skipped with a sentence. A benchmark may give
+a table besides its figures, ``raw["table"] = {"columns": [...], "rows": [[...]]}`` of display
+strings, which the report prints as it is. Before it starts, :func:`busy_check` looks for a busy
+machine.
 """
 
 from __future__ import annotations
