@@ -3,8 +3,7 @@
 Each benchmark is the one its chapter defines, run :attr:`Plan.repetitions` times after a warm-up, and
 every figure is a :class:`~.stats.Figure`: the median of the repetitions, a bootstrap 95% interval, and
 a "noisy" mark when they vary by more than :data:`~.stats.NOISY_CV`. Two engines compared are
-**interleaved** (A B A B …) and their ratio is taken per round (why the ratio, not tokens/s: appendix
-A.3).
+**interleaved** (A B A B …) and their ratio is taken per round (why: appendix A.3).
 
 =================  ===========================================================  =======
 benchmark          what                                                          chapter
