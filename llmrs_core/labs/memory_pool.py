@@ -2,7 +2,7 @@
 
 ``cudaMalloc`` is slow (it may synchronise the device) and ``cudaFree`` always synchronises,
 so an engine that allocates per step asks the device once and then recycles: freed blocks go
-back to a cache, not to the driver. The rules, and where they come from:
+back to a cache, not to the driver.
 
 The rules are PyTorch's: requests rounded up to 512 bytes; a small pool (<= 1 MiB, from
 2 MiB segments) and a large one (20 MiB segments, or a segment of its own from 10 MiB on);

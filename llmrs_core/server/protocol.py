@@ -8,11 +8,15 @@ server does not implement is refused by name, never silently ignored; ``null``
 means "not given", as in OpenAI's API.
 
 The bounds follow OpenAI's API and vLLM: each value outside them is a 400 naming its
-field, and within them every finite logit vector gives a finite distribution. Among them:
-``n`` <= :data:`MAX_N`, prompts × ``n`` <= :data:`MAX_SEQUENCES` (each sequence an engine
-request), ``logit_bias`` refused by name, ``tools`` passed to the chat template (the reply
-is not parsed into tool calls). The whole table, field by field with the reason for each
-bound: chapter 11.4 ("The request fields' bounds").
+field, and within them every finite logit vector gives a finite distribution.
+``temperature`` [0, 2]; ``top_p`` (0, 1]; ``top_k`` integer >= 0 (0 is off); ``min_p`` [0, 1];
+``presence_penalty``, ``frequency_penalty`` [-2, 2]; ``repetition_penalty`` [0.01, 100];
+``seed`` [0, 2**63); ``n`` [1, :data:`MAX_N`]; prompts × ``n`` <= :data:`MAX_SEQUENCES`
+(each an engine request); ``stop`` <= 16 strings of <= 256 characters; ``logprobs`` 0 to 20;
+``logit_bias`` refused; ``tools`` <= 128, passed to the chat template (the reply is not parsed
+into tool calls); ``tool_choice`` ``auto`` or ``none``; ``chat_template_kwargs`` an object of
+<= 64 JSON values, reserved names refused. The reason for each bound: chapter 11.4 ("The
+request fields' bounds").
 
 Responses are plain dicts in OpenAI's shape: ``id``, ``object``, ``created``,
 ``model``, ``choices`` (``index``, ``text`` or ``message``/``delta``,
