@@ -5,12 +5,8 @@ which of its switches a family turns on, and :class:`~llmrs_core.config.ModelCon
 the numbers (soft-cap values, window size, RoPE scaling) that a file sets. SmolLM2 and the
 other ``llama`` files have every switch off: the path chapter 4 teaches.
 
-Why a table of flags and not a class per family (mlx-lm's one file per model): the families
-here differ from Llama in a dozen small places, each a line of the forward pass. Written as
-flags, a learner reads one forward pass and sees every difference beside the line it changes
-(appendix B); a copy per family would repeat the other 90% six times. (nano-vllm's model
-registry maps names to classes for the same reason mlx-lm does: its models differ in
-structure, MoE and all; ours do not.)
+Why a table of flags and not a class per family: the families differ from Llama in a dozen
+small places, each a line of the forward pass, seen beside it (appendix B.1 compares).
 
 =============  ======================================================================
 switch         meaning

@@ -1,34 +1,21 @@
 """The Numba backend: quantised weights, fused kernels, parallel loops (chapter 8).
 
-Weights stay quantised in memory (SmolLM2: about 110 MB instead of the NumPy
-backend's 540 MB of float32), repacked once at load into the layout of
-``llmrs_core.kernels.cpu.packing``. A decode step multiplies straight from
-the 4- and 8-bit codes (``kernels.cpu.matmul``); prompt processing
-dequantises a band of rows at a time and lets BLAS multiply. The small
-operations are single-pass Numba kernels (``kernels.cpu.ops``).
+Weights stay quantised in memory (SmolLM2: about 110 MB instead of the NumPy backend's 540 MB of
+float32), repacked once at load into the layout of ``llmrs_core.kernels.cpu.packing``. A decode step
+multiplies straight from the 4- and 8-bit codes (``kernels.cpu.matmul``); prompt processing dequantises
+a band of rows at a time and lets BLAS multiply. The small operations are single-pass Numba kernels
+(``kernels.cpu.ops``).
 
-Int8 path (the default where Numba's target has AVX2, ``kernels.cpu.int8.int8_unavailable``):
-every product of a matrix with an int8 copy (every quantised type the engine reads) quantises
-the activations to 8 bits as llama.cpp does for that type and takes integer dot products
-(``kernels.cpu.int8``: AVX-512 VNNI's ``vpdpbusd`` where the target declares it, AVX2's
-``vpmaddubsw``/``vpmaddwd`` otherwise), in decode steps and prompts of any length alike;
-each such matrix keeps a copy grouped for those kernels (SmolLM2: 112 MB more, 80 of them
-for the Q4_1 matrices). It agrees with llama.cpp (greedy tokens by the top-5 rule of its
-golden test), not with the NumPy backend to float32 rounding; ``exact=True`` (``--exact``)
-keeps every product on the float kernels, which do.
+Int8 path (default with AVX2, ``int8.int8_unavailable``): llama.cpp's int8 arithmetic
+(``kernels.cpu.int8``) from an int8 copy of each quantised matrix; it agrees with llama.cpp
+(top-5 rule), not with NumPy; ``exact=True`` (``--exact``) keeps the float kernels, which do.
 
 Batch invariance, the int8 path's contract: a token's numbers depend only on its own
-sequence and position, never on the step that computes them. Every kernel of the path
-computes each row (each query, for attention) alone — the int8 products, RMSNorm, RoPE,
-SwiGLU and :func:`kernels.cpu.ops.attention`/``paged_decode_attention``, which share one
-per-query routine — so the same request gives the same greedy tokens cold or through the
-prefix cache, alone or batched, in one prefill or in chunks, before or after a preemption
-(tests/core/test_batch_invariance.py). No step goes through BLAS on this path: a BLAS
-product's rows, and NumPy's attention over a long prompt, change with the step's shape.
-A packed matrix without an int8 copy takes the float kernel that is row-by-row too
-(``kmatmul.matmul_rowwise``); a float32 matrix (F32, F16, BF16) is multiplied by BLAS,
-which keeps invariance to float32 rounding only. What it costs against BLAS prompts is
-measured in the README (Batch invariance): about 12% of pp512, nothing in decode.
+sequence and position, never on the step that computes them: every kernel computes each row
+(each query) alone, so a request gives the same greedy tokens cold or through the prefix
+cache, alone or batched, in one prefill or in chunks, before or after a preemption
+(tests/core/test_batch_invariance.py); F32/F16/BF16 matrices go through BLAS, invariant
+to float32 rounding only. What it costs: chapter 8.5 ("The int8 path and batch invariance").
 
 The exact path chooses by step size instead — the float Numba kernels up to
 ``kmatmul.SMALL_BATCH`` rows, BLAS above — and so is reproducible run to run but equal

@@ -3,31 +3,28 @@
 vLLM's ``benchmark_serving``, for any server with a streaming ``POST /v1/completions``
 (ours, vLLM, llama.cpp's, llama-cpp-python's):
 
-* **Load.** Each load level sends ``num_prompts`` requests, either *open loop* — at times
-  drawn from a gamma process of ``request_rate`` requests/s (``burstiness`` 1 is Poisson,
-  lower is burstier), rescaled so that the last request leaves at exactly
-  ``num_prompts / request_rate`` s whatever the seed — or *closed loop*: at most
-  ``max_concurrency`` requests in flight, each finished one letting the next go. One
-  warm-up request first, not counted.
-* **Prompts.** ``random``: ``input_len`` random token ids decoded to text with the model's
-  tokenizer (vLLM's random dataset); ``prompts``: the short questions of :mod:`.prompts`.
-  Each level gets prompts of its own, so a prefix cache cannot reuse an earlier level's.
-  Every request asks for ``output_len`` tokens, greedy; ``ignore_eos`` (ours, vLLM) or
-  ``min_tokens`` (llama-cpp-python) keeps a server from stopping early.
-* **Measured per request, from the SSE stream** (seconds): TTFT, from sending to the first
-  chunk with text; ITL, every later gap between chunks with text; E2E, from sending to the
-  end of the stream; TPOT = (E2E - TTFT) / (output tokens - 1). Output tokens are the usage
-  chunk's ``completion_tokens`` where the server sends one (``stream_options.include_usage``),
-  else the number of chunks with text.
-* **Outcomes.** A request *succeeded* when its stream had text and ended with a
-  ``finish_reason``. It was *truncated* when the answer was HTTP 200 but the stream ended —
-  with ``[DONE]`` or not — without a ``finish_reason`` (llama-cpp-python's server cuts a
-  running stream so when another request arrives). It *failed* otherwise: an HTTP error, an
-  error event, no text, a refused connection. Only successes enter the latencies and the
-  token counts; truncated and failed requests are counted apart, never as fast successes.
-* **Summary.** Mean, median and p99 of TTFT, TPOT, ITL and E2E; requests/s and output
-  tokens/s over the level's wall time; goodput: requests/s that met every SLO of
-  ``--goodput ttft:MS,tpot:MS,e2el:MS``.
+* **Load.** Each load level sends ``num_prompts`` requests, either *open loop* — at times drawn from a
+  gamma process of ``request_rate`` requests/s (``burstiness`` 1 is Poisson, lower is burstier),
+  rescaled so that the last request leaves at exactly ``num_prompts / request_rate`` s whatever the seed
+  — or *closed loop*: at most ``max_concurrency`` requests in flight, each finished one letting the next
+  go. One warm-up request first, not counted.
+* **Prompts.** ``random``: ``input_len`` random token ids decoded to text with the model's tokenizer
+  (vLLM's random dataset); ``prompts``: the short questions of :mod:`.prompts`. Each level gets prompts
+  of its own, so a prefix cache cannot reuse an earlier level's. Every request asks for ``output_len``
+  tokens, greedy; ``ignore_eos`` (ours, vLLM) or ``min_tokens`` (llama-cpp-python) keeps a server from
+  stopping early.
+* **Measured per request, from the SSE stream** (seconds): TTFT, from sending to the first chunk with
+  text; ITL, every later gap between chunks with text; E2E, from sending to the end of the stream; TPOT
+  = (E2E - TTFT) / (output tokens - 1). Output tokens are the usage chunk's ``completion_tokens`` where
+  the server sends one (``stream_options.include_usage``), else the number of chunks with text.
+* **Outcomes.** A request *succeeded* when its stream had text and ended with a ``finish_reason``. It
+  was *truncated* when the answer was HTTP 200 but the stream ended — with ``[DONE]`` or not — without a
+  ``finish_reason`` (llama-cpp-python's server cuts a running stream so when another request arrives).
+  It *failed* otherwise: an HTTP error, an error event, no text, a refused connection. Only successes
+  enter the latencies and the token counts; truncated and failed requests are counted apart, never as
+  fast successes.
+* **Summary.** Mean, median and p99 of TTFT, TPOT, ITL and E2E; requests/s and output tokens/s over the
+  level's wall time; goodput: requests/s that met every SLO of ``--goodput ttft:MS,tpot:MS,e2el:MS``.
 
 :mod:`.serve_compare` starts servers (ours, llama-cpp-python's) and runs the same load on each.
 """

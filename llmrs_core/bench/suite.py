@@ -1,12 +1,9 @@
 """``llmrs bench all``: the workbook's headline benchmarks in one run, with honest statistics (appendix A).
 
-Each benchmark is the one its chapter defines, run :attr:`Plan.repetitions` times
-after a warm-up, and every figure is a :class:`~.stats.Figure`: the median of the
-repetitions, a bootstrap 95% interval, and a "noisy" mark when they vary by more
-than :data:`~.stats.NOISY_CV`. Where two engines are compared their repetitions
-are **interleaved** (A B A B …), so that a load that comes and goes hits both, and
-the ratio is taken per round: a ratio measured in one run is what travels between
-machines, absolute tokens/s do not.
+Each benchmark is the one its chapter defines, run :attr:`Plan.repetitions` times after a warm-up, and
+every figure is a :class:`~.stats.Figure`: the median of the repetitions, a bootstrap 95% interval, and
+a "noisy" mark when they vary by more than :data:`~.stats.NOISY_CV`. Two engines compared are
+**interleaved** (A B A B …) and their ratio is taken per round (why: appendix A.3).
 
 =================  ===========================================================  =======
 benchmark          what                                                          chapter
@@ -26,10 +23,10 @@ benchmark          what                                                         
                    (:mod:`.dist`; skipped without mpi4py/mpiexec, the dist extra)
 =================  ===========================================================  =======
 
-A benchmark whose optional reference is missing runs without it and says so in
-``notes``; one that cannot run at all (the serve or dist extra missing) is skipped with a
-sentence. A benchmark may give a table besides its figures, ``raw["table"] = {"columns":
-[...], "rows": [[...]]}`` of display strings, which the report prints as it is. Before it starts, :func:`busy_check` looks for a busy machine.
+A benchmark whose optional reference is missing runs without it and says so in ``notes``; one that cannot
+run at all (the serve or dist extra missing) is skipped with a sentence. A benchmark may give a table
+besides its figures, ``raw["table"] = {"columns": [...], "rows": [[...]]}`` of display strings, which the
+report prints as it is. Before it starts, :func:`busy_check` looks for a busy machine.
 """
 
 from __future__ import annotations

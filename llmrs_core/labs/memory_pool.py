@@ -2,36 +2,15 @@
 
 ``cudaMalloc`` is slow (it may synchronise the device) and ``cudaFree`` always synchronises,
 so an engine that allocates per step asks the device once and then recycles: freed blocks go
-back to a cache, not to the driver. The rules, and where they come from:
+back to a cache, not to the driver.
 
-- **Rounding.** Every request is rounded up to a multiple of 512 bytes (``kMinBlockSize``);
-  a request for 0 bytes gets one 512-byte block.
-- **Two pools.** Requests of at most 1 MiB (``kSmallSize``) are *small*; they are carved
-  from 2 MiB segments (``kSmallBuffer``). Larger ones are *large*: below 10 MiB
-  (``kMinLargeAlloc``) they come from 20 MiB segments (``kLargeBuffer``), from 10 MiB on
-  from a segment of their own size rounded up to 2 MiB (``kRoundLarge``). Small and large
-  blocks never share a segment, so a long-lived small tensor cannot pin a big segment.
-- **Best fit.** Each (pool, stream) has a free list ordered by (size, address); a request
-  takes the smallest free block that fits, the lowest address among equals.
-- **Splitting.** A block larger than the request is split and the remainder stays free when
-  the remainder is worth keeping: at least 512 bytes in the small pool, more than 1 MiB in
-  the large pool (PyTorch's ``should_split``); otherwise the caller gets the whole block and
-  ``allocated_bytes`` counts all of it.
-- **Coalescing.** A freed block merges with its free neighbours in the same segment, so the
-  segment's free space stays one block where it can (``PoolConfig(coalesce=False)`` turns
-  this off, to show the fragmentation it prevents).
-- **Streams.** A segment belongs to the stream it was allocated for, and its blocks are only
-  ever handed out on that stream: work queued on one stream runs in order, so a block freed
-  on stream A can be reused by A at once. A block that other streams use too must be
-  declared with :meth:`CachingAllocator.record_stream` (as ``Tensor.record_stream`` in
-  PyTorch); when it is freed, an event is recorded on each of those streams, and the block
-  returns to A's free list only once every event has completed (checked at each ``malloc``).
-- **Out of memory.** When no cached block fits and the device refuses a new segment, the
-  pool waits for pending events, gives every wholly free segment back to the device, and
-  tries once more; then it raises :class:`OutOfMemoryError` naming the request and the
-  allocated, reserved and device-free bytes.
-- **empty_cache** gives every wholly free segment back to the device (after waiting for
-  pending events); blocks in use are untouched.
+The rules are PyTorch's: requests rounded up to 512 bytes; a small pool (<= 1 MiB, from
+2 MiB segments) and a large one (20 MiB segments, or a segment of its own from 10 MiB on);
+best fit per (pool, stream) by (size, address); splitting and coalescing; a block reused
+across streams only after :meth:`CachingAllocator.record_stream`'s events complete; on out
+of memory, free cached segments and retry once, then :class:`OutOfMemoryError` naming the
+request and the allocated, reserved and device-free bytes; ``empty_cache``. Each rule with
+its constants and reasons: chapter 9.4 ("The caching allocator's rules").
 
 The device is reached only through the :class:`DeviceAllocator` protocol, and streams'
 events through :class:`EventSource`, so the whole pool is tested on the CPU with a fake

@@ -8,11 +8,9 @@ Every format here is a sign bit, ``E`` exponent bits and ``M`` mantissa bits::
 and the formats differ only in ``E``, ``M``, ``bias`` and what the top
 exponent field means:
 
-* **IEEE-like** (FP16, BF16, FP8 E5M2): the all-ones exponent is reserved,
-  mantissa 0 = infinity, anything else = NaN.
-* **"fn"** (FP8 E4M3, as NVIDIA and the OCP FP8 spec define it: *f*inite,
-  *n*o infinities): the all-ones exponent holds ordinary numbers except
-  ``S.1111.111``, the only NaN. That buys one more binade: max 448 instead of 240.
+* **IEEE-like** (FP16, BF16, FP8 E5M2): the all-ones exponent is infinity (mantissa 0) or NaN.
+* **"fn"** (FP8 E4M3, NVIDIA's and the OCP spec's): ordinary numbers but ``S.1111.111``,
+  the only NaN; max 448 instead of 240 (chapter 6.1 explains).
 
 :func:`encode` turns float32 into bit patterns (``uint16`` for 16-bit
 formats, ``uint8`` for FP8) by integer arithmetic on the float32 bits, with

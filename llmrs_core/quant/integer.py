@@ -16,26 +16,17 @@ bits        symmetric          asymmetric (affine)
 4           [-7, 7]            [0, 15]      unsigned 4-bit, the usual choice
 ==========  =================  ====================================================
 
-Symmetric uses ``scale = max|x| / qmax``, computed in float64 and stored as
-float32: the float32 neighbour above, so that ``max|x| / scale`` never passes
-``qmax`` (that matters for subnormal scales only; rounding to the nearest
-float32 is as good elsewhere, see :func:`disagreement`). The int8 and int4 storage ranges
-are [-128, 127] and [-8, 7], but the symmetric scheme leaves the most
-negative code unused so that ``x`` and ``-x`` get opposite codes and nothing
-is clipped: every error is at most ``scale / 2``. (GGML's Q4_0 does use -8,
-by giving the value of largest magnitude the code -8; a value of the other
-sign and the same size is then clipped to 7.)
-
-Asymmetric uses ``scale = (max - min) / (qmax - qmin)`` over a range widened
-to include 0, so that 0.0 is stored exactly (padding, ReLU zeros) and the
-zero point is a whole code. It spends no codes on values that never occur,
-so one-sided data (post-ReLU activations) gets twice the resolution.
+Symmetric: ``scale = max|x| / qmax`` in float64, stored as the float32 neighbour
+above, so ``max|x| / scale`` never passes ``qmax`` (it matters for subnormal scales
+only, see :func:`disagreement`). The most negative code stays unused: ``x`` and
+``-x`` get opposite codes, nothing is clipped, every error is at most ``scale / 2``.
+Asymmetric: ``scale = (max - min) / (qmax - qmin)`` over a range widened to include
+0, so 0.0 is stored exactly and the zero point is a whole code.
 
 Granularity: a scale per ``"tensor"``; per ``"channel"``, i.e. per output
 row (axis 0 of a ``[out, in]`` weight, any trailing axes belong to the row);
 or per ``"group"`` of ``group_size`` consecutive elements along the last
-axis. Smaller blocks keep one outlier from coarsening everyone's scale, at the
-cost of more scales to store.
+axis. Why each choice, and what it costs in SQNR on a real matrix: chapter 6.2.
 """
 
 from __future__ import annotations

@@ -5,41 +5,20 @@ The 16 levels are not evenly spaced: ``IQ4_VALUES`` (ggml's
 113, closer together near zero where most weights of a trained layer lie.
 A weight is ``scale * IQ4_VALUES[code]``.
 
-IQ4_NL: 18 bytes for 32 weights = 4.5 bits per weight::
+==========  =====================  ==========================================  ===========================
+format      bytes                  layout (in order)                           weight
+==========  =====================  ==========================================  ===========================
+IQ4_NL      18 / 32 (4.5 bits)     d fp16; qs 16 (byte j: j low, j+16 high)    d * IQ4_VALUES[q]
+IQ4_XS      136 / 256 (4.25 bits)  d; scales_h u16; scales_l 4; qs 8 x 16      (d*(s_j-32))*IQ4_VALUES[q]
+==========  =====================  ==========================================  ===========================
 
-    byte 0      2                           18
-         +------+---------------------------+
-         |  d   | qs: 16 bytes of nibbles   |     w = d * IQ4_VALUES[q]
-         +------+---------------------------+
+IQ4_XS has 8 sub-blocks of 32 with 6-bit scales s_j. The bit packing and the
+quantiser's search: chapter 6.3 ("IQ4_NL and IQ4_XS in full").
 
-    byte j of qs: weight j in the low nibble, weight j + 16 in the high.
-
-IQ4_XS: 136 bytes for 256 weights = 4.25 bits per weight::
-
-    byte 0      2          4              8                             136
-         +------+----------+--------------+-----------------------------+
-         |  d   | scales_h | scales_l (4) | qs: 8 x 16 bytes of nibbles |
-         | fp16 | uint16   |              | (as IQ4_NL, per 32 weights) |
-         +------+----------+--------------+-----------------------------+
-
-    8 sub-blocks of 32 with 6-bit scales s_j: low 4 bits in nibble j % 2 of
-    ``scales_l[j // 2]``, high 2 bits at bits 2j of ``scales_h``.
-
-        w = (d * (s_j - 32)) * IQ4_VALUES[q]
-
-Quantisation follows ggml's ``quantize_row_iq4_nl_impl`` as
-``llama_model_quantize`` calls it without an importance matrix
-(``quantize_iq4_nl`` / ``quantize_iq4_xs``, ``ntry = 7``): per 32 weights,
-weights ``x**2``, map the largest |x| to the top level, fit the scale by
-least squares, then try the 15 grids that map it to ``-127 + k`` (k =
--7..7) and keep the best ``(sum w x v)^2 / sum w v^2``. IQ4_XS then
-quantises the 8 scales to 6 bits against the largest (``d = -max / 32``)
-and re-picks every code with its rounded scale; IQ4_NL re-picks the codes
-with its unrounded scale and stores that scale as fp16. (ggml's
-``quantize_row_iq4_nl_ref`` uses ``ntry = -1``, a different search; model
-files are made with 7, which is what this module writes.) Each level is
-chosen by ggml's ``best_index_int8``: the nearer neighbour, the upper one on
-ties.
+Invariant: quantisation is bit-exact with ggml's ``quantize_row_iq4_nl_impl``
+as ``llama_model_quantize`` calls it without an importance matrix (``ntry = 7``,
+what model files are made with; ``quantize_row_iq4_nl_ref``'s ``ntry = -1`` is
+a different search), each level chosen by ``best_index_int8``.
 
 API::
 

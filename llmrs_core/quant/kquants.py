@@ -1,97 +1,22 @@
 """The K-quant block formats Q4_K, Q5_K and Q6_K: quantise and dequantise (chapter 6).
 
-The 32-weight formats of chapter 4 pay for their scales in full: Q4_1 stores
-an fp16 scale and an fp16 minimum for every 32 weights, 32 bits of overhead on
-128 bits of nibbles, so 5 bits per weight. The K-quants group 256 weights into
-a *super-block* and keep fine-grained scales (one per 32 or per 16 weights),
-but quantise those scales too: each is a small integer times one fp16
-super-scale. The scales stay local enough to follow the weights, yet cost
-only 6 or 8 bits each.
+Why: Q4_1 pays 5 bits per weight for its fp16 scale and minimum per 32. A
+super-block of 256 keeps fine scales (per 32 or 16 weights) that are small
+integers times one fp16 super-scale: local scales at 6 or 8 bits each.
 
-Q4_K: 144 bytes for 256 weights = 4.5 bits per weight::
+==========  ====================  ====================================  =======================
+format      bytes / 256 weights   layout (byte offsets)                 weight
+==========  ====================  ====================================  =======================
+Q4_K        144 (4.5 bits)        d, dmin fp16; scales 12; qs 128       (d*sc_j)*q - dmin*m_j
+Q5_K        176 (5.5 bits)        Q4_K's, with qh 32 before qs          same, q in 0..31
+Q6_K        210 (6.5625 bits)     ql 128; qh 64; scales int8 x16; d     (d*sc_j)*(q - 32)
+==========  ====================  ====================================  =======================
 
-    byte 0      2      4              16                                144
-         +------+------+--------------+-----------------------------------+
-         |  d   | dmin |  scales (12) |  qs: 128 bytes of 4-bit codes      |
-         | fp16 | fp16 |  6-bit x 16  |  (2 per byte)                      |
-         +------+------+--------------+-----------------------------------+
+Q4_K/Q5_K: 8 sub-blocks of 32 (6-bit sc_j, m_j); Q6_K: 16 of 16 (int8 sc_j). The
+bit packing and the quantisers' search: chapter 6.3 ("The K-quant layouts...").
 
-    8 sub-blocks of 32 weights; sub-block j has a 6-bit scale sc_j and a
-    6-bit minimum m_j, packed into the 12 ``scales`` bytes:
-
-        byte 0..3   bits 0-5: sc_0..sc_3   bits 6-7: sc_4..sc_7 >> 4
-        byte 4..7   bits 0-5: m_0..m_3     bits 6-7: m_4..m_7 >> 4
-        byte 8..11  bits 0-3: sc_4..sc_7 & 15   bits 4-7: m_4..m_7 & 15
-
-    qs is four 32-byte chunks; chunk c holds sub-block 2c in its low
-    nibbles and sub-block 2c+1 in its high nibbles.
-
-        w = (d * sc_j) * q - (dmin * m_j)          q in 0..15
-
-    Bits: 4 per weight for q, plus (2+2+12) * 8 / 256 = 0.5 for the scales.
-
-Q5_K: 176 bytes for 256 weights = 5.5 bits per weight: Q4_K plus a fifth bit::
-
-    byte 0      2      4              16          48                    176
-         +------+------+--------------+-----------+-----------------------+
-         |  d   | dmin |  scales (12) | qh (32)   | qs: 128 bytes, 4 bits |
-         +------+------+--------------+-----------+-----------------------+
-
-    scales and qs as in Q4_K; bit 2c + k of ``qh[l]`` is the fifth bit of
-    weight l of sub-block 2c + k (k = 0, 1).
-
-        w = (d * sc_j) * q - (dmin * m_j)          q in 0..31
-
-Q6_K: 210 bytes for 256 weights = 6.5625 bits per weight::
-
-    byte 0                    128              192            208    210
-         +--------------------+----------------+--------------+------+
-         |  ql: low 4 bits    | qh: high 2 bits| scales: int8 |  d   |
-         |  of each code      | of each code   | x 16         | fp16 |
-         +--------------------+----------------+--------------+------+
-
-    16 sub-blocks of 16 weights, each with a signed 8-bit scale sc_j. The
-    256 codes are laid out in two halves of 128; within half h, for l < 32:
-
-        ql[64h + l]      low nibble: code l        high nibble: code l + 64
-        ql[64h + 32 + l] low nibble: code l + 32   high nibble: code l + 96
-        qh[32h + l]      bits 2k..2k+1: high 2 bits of code l + 32k (k = 0..3)
-
-        w = (d * sc_j) * (q - 32)                   q in 0..63
-
-    Bits: 6 per weight for q, plus (16 + 2) * 8 / 256 = 0.5625 for the scales.
-
-How the quantisers choose their numbers (ggml's ``quantize_row_q4_K_ref``
-and ``quantize_row_q6_K_ref``, the reference used to make model files):
-
-* Q4_K fits each 32-weight sub-block with an *asymmetric* grid
-  ``w ~ scale * q - min`` by weighted least squares: starting from the
-  plain min/max grid, it tries 21 stretched grids, solves the 2x2 normal
-  equations for the best scale and min of each, and keeps the one with the
-  least weighted squared error (weights ``rms + |x|`` favour the large
-  weights). The 8 scales and 8 mins are then quantised to 6 bits against
-  their largest, and the codes recomputed with the rounded scales.
-* Q6_K fits each 16-weight sub-block with a *symmetric* grid
-  ``w ~ scale * q`` (q in -32..31): it tries 19 grids around the one that
-  maps the largest |w| to -32, keeping the one that best fits (weights
-  ``x**2``). The 16 scales become int8 against the largest |scale|
-  (``d = max_scale / -128``), and the codes are recomputed.
-
-Bit-exactness with ggml (and so with the files llama.cpp writes) needs more
-than the same formulas: every float32 operation must happen in the same
-order with the same rounding. Three places matter here:
-
-* sums are accumulated strictly left to right, as the C loops do; NumPy's
-  ``sum`` adds pairwise and can differ in the last bit, which flips a
-  comparison now and then (see ``_sum_in_order``);
-* ggml rounds with a magic-number trick (``nearest_int``), reproduced bit
-  for bit, including what it does far outside its intended range;
-* every expression is evaluated as C evaluates it: ``a*b*c`` is
-  ``(a*b)*c``, ``x/d`` is a true division, no fused multiply-adds. (A
-  ggml build that lets the compiler fuse ``a*b - c*d``, e.g. on ARM, can
-  itself produce slightly different files.)
-
-Dequantisation is the same arithmetic as ``gguf.quants.dequantize``.
+Invariant: bit-exact with ggml's ``quantize_row_q4_K_ref``/``..._q6_K_ref`` (C's float32
+order, sums left to right, ggml's ``nearest_int``); dequantise as ``gguf.quants`` does.
 
 API::
 

@@ -4,46 +4,20 @@ Both split a 256-weight super-block into 16 sub-blocks of 16 weights, each
 with a 4- or 6-bit scale under one fp16 super-scale (see :mod:`.kquants`
 for Q4_K/Q6_K, which these follow).
 
-Q2_K: 84 bytes for 256 weights = 2.625 bits per weight::
+==========  ====================  ======================================  =========================
+format      bytes / 256 weights   layout (in order)                       weight
+==========  ====================  ======================================  =========================
+Q2_K        84 (2.625 bits)       scales 16 (4+4 bits); qs 64; d; dmin    (d*sc_j)*q - dmin*m_j, q<4
+Q3_K        110 (3.4375 bits)     hmask 32; qs 64; scales 12; d           (d*(s_j-32))*(q-4), q<8
+==========  ====================  ======================================  =========================
 
-    byte 0            16                           80     82     84
-         +------------+----------------------------+------+------+
-         | scales (16)| qs: 64 bytes, 2-bit codes  |  d   | dmin |
-         | 4+4 bits   |                            | fp16 | fp16 |
-         +------------+----------------------------+------+------+
+The bit packing and the quantisers (``make_qkx2_quants``, ``make_q3_quants``):
+chapter 6.3 ("The low-bit K-quants Q2_K and Q3_K in full").
 
-    ``scales[j]``: low nibble sc_j, high nibble m_j (sub-block j, 16 weights).
-    Codes in two halves of 128: weight ``128h + 32k + l`` (k = 0..3,
-    l = 0..31) is bits ``2k..2k+1`` of ``qs[32h + l]``.
-
-        w = (d * sc_j) * q - (dmin * m_j)          q in 0..3
-
-Q3_K: 110 bytes for 256 weights = 3.4375 bits per weight::
-
-    byte 0            32                    96             108    110
-         +------------+---------------------+--------------+------+
-         | hmask (32) | qs: 64 bytes, 2 bits | scales (12)  |  d   |
-         +------------+---------------------+--------------+------+
-
-    The low 2 bits of each code are packed as Q2_K's; bit ``k`` of
-    ``hmask[l]`` is the third bit of weight ``32k + l``. The 16 6-bit
-    scales: low 4 bits of s_j in ``scales[j]`` (j < 8, low nibble) or
-    ``scales[j - 8]`` (high nibble); high 2 bits at bits ``2(j // 4)`` of
-    ``scales[8 + j % 4]``.
-
-        w = (d * (s_j - 32)) * (q - 4)              q in 0..7, s_j in 0..63
-
-Quantisation follows ``quantize_row_q2_K_ref`` and ``quantize_row_q3_K_ref``
-(what ``llama_model_quantize`` runs without an importance matrix) with the
-same float32 operations in the same order, as :mod:`.kquants` explains:
-
-* Q2_K fits each sub-block with ``make_qkx2_quants`` (the Q4_K search, 4
-  levels, weights ``|x|``, candidates ranked by weighted *absolute* error),
-  then quantises the 16 scales and 16 mins to 4 bits against the largest.
-* Q3_K fits each sub-block with ``make_q3_quants``: a symmetric grid mapping
-  the largest |x| to -4, then up to 5 sweeps of coordinate descent that move
-  one code at a time while that improves ``(sum w x q)^2 / sum w q^2``
-  (weights ``x**2``); the 16 scales become 6-bit against the largest.
+Invariant: quantisation is bit-exact with ``quantize_row_q2_K_ref`` and
+``quantize_row_q3_K_ref`` (what ``llama_model_quantize`` runs without an
+importance matrix): the same float32 operations in the same order, as
+:mod:`.kquants` explains.
 
 API::
 

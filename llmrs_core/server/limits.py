@@ -1,11 +1,8 @@
 """What one connection may take from the server: time to send its request, header size, concurrency (chapter 12).
 
-uvicorn on its own waits forever for a client that sends its headers one
-byte a minute, or a body shorter than its ``Content-Length``: 300 such
-connections stayed open, each a file descriptor and a task. And it accepts
-a 100 KB header, or 500 headers, when they arrive in one piece. The server
-we ship (:func:`~.serve.serve`, and :class:`~.serve.BackgroundServer` for the
-tests) runs with :class:`ConnectionLimits`:
+Why: uvicorn alone waits forever on a client that trickles its headers or body,
+and accepts any header size (what was measured: README, "Limits"). The server we ship
+(:func:`~.serve.serve`, :class:`~.serve.BackgroundServer`) runs with :class:`ConnectionLimits`:
 
 =====================  ===========  ==================================================================
 limit                  default      past it

@@ -4,116 +4,29 @@ The continuous-batching :class:`~llmrs_core.engine.Engine` is not thread-safe,
 and a forward pass must never run on the event loop (every other client would
 wait for it). So one thread, and only that thread, touches the engine:
 
-* HTTP handlers (on the asyncio event loop) call :meth:`EngineLoop.submit`
-  with the requests of one HTTP call. The submission goes into a queue under a
-  condition variable; the handler awaits the answer: a :class:`ResponseStream`
-  once the engine has accepted the requests, or the ``RequestRejected`` (a
-  ``ValueError``) that ``Engine.add_request`` raised — before any byte of the
-  response is sent, so it can still become a 400.
-* The loop thread sleeps on the condition while there is nothing to do (no
-  spinning). Otherwise, every iteration: admit the new submissions, apply the
-  aborts (a request cancelled while still queued is never added, so it is
-  never prefilled), run one ``engine.step()``, and hand each output to its
-  stream with ``loop.call_soon_threadsafe`` — the only way another thread may
-  touch asyncio objects. Then ``on_step(outputs, stats)`` (the metrics and logs,
-  with the engine's :class:`~llmrs_core.engine.StepStats`: they never read the
-  engine itself) and ``engine.release`` for the requests that are over: the
-  engine keeps no state for finished requests.
-* A client that goes away calls :meth:`EngineLoop.abort`; the abort is applied
-  before the next step, so the request computes at most the step in progress.
+* :meth:`EngineLoop.submit` (from the event loop) queues one HTTP call's
+  requests and returns a :class:`ResponseStream` once the engine has accepted
+  them, or raises the ``RequestRejected`` (a ``ValueError``, so a 400) before
+  any byte is sent. :meth:`EngineLoop.abort` is applied before the next step.
+* Each iteration: admit, apply aborts, one ``engine.step()``, hand outputs to
+  their streams with ``loop.call_soon_threadsafe``, ``on_step(outputs, stats)``
+  (:class:`~llmrs_core.engine.StepStats` only, never the engine), and
+  ``engine.release`` for finished requests. The thread sleeps when idle.
 
-Fault tolerance (chapter 12.3; :mod:`.supervisor` restarts the engine and runs the
-watchdog, :mod:`.faults` holds the states and errors). The loop's
-:attr:`~EngineLoop.state` (a :class:`~.faults.LoopState`) is what ``/ready`` and
-``/health`` report:
-
-==============  ==========  ===========  ====================================================================
-state           ``/ready``  ``/health``  meaning
-==============  ==========  ===========  ====================================================================
-``loading``     503         200          building the engine (weights, kernels)
-``ready``       200         200          taking traffic
-``restarting``  503         200          an engine step failed; a fresh engine is being built
-``draining``    503         200          SIGTERM: finishing the requests in flight, refusing new ones
-``stalled``     503         503          a step has run past ``step_timeout`` (the process is wedged)
-``failed``      503         503          the engine failed for good (crash-loop guard, or it cannot be built)
-``stopped``     503         503          the loop has shut down
-==============  ==========  ===========  ====================================================================
-
-* **A request's failure is that request's failure.** The engine fails *one*
-  request alone when its own forward pass or sampler raises (finish reason
-  ``"error"``): that client gets its error (HTTP 500, or an error event) and
-  nothing else happens — no restart, nothing counted toward the crash-loop
-  guard, whatever the request's parameters or prompt. Sampling errors are
-  always a request's own (the sampler cannot make NaN from finite logits, and
-  the parameters that could break it are refused with a 400 up front).
-* **An engine failure** is one of two things:
-
-  1. an exception that escapes an iteration (a bug in the scheduler, the pool,
-     a callback: nothing a request's parameters reach);
-  2. a step in which *every* request it ran failed (the batch failed, and each
-     sequence again alone) **and a known-good probe then fails too**
-     (``Engine.probe``: one token through the same model and backend, on a
-     KV cache of its own). If the probe passes, the model computes: those
-     requests failed alone, each gets its error, and the engine goes on. So
-     no request, nor any number of them, can drive the crash-loop guard: only
-     a model or device that fails on an input every request could have sent.
-
-  Then every request in that step's batch
-  — and any preempted request that already streamed tokens — gets an error
-  (HTTP 500, or an error event), the failure is reported to ``on_failure`` as
-  one record (the app writes it as a JSON log line and counts
-  ``llmrs:engine_restarts_total``), and the loop **restarts with a fresh
-  engine** (a new KV pool: whatever corrupted the old state is gone). Requests
-  still waiting in the engine's queue that have produced nothing are
-  **retried** in the fresh engine: nothing of theirs reached a client, so the
-  retry is invisible to them (their queue time starts again), and the request
-  that triggered the failure is never among them, so a poisonous request is
-  not replayed. Restarting rather than only going unready because most
-  failures of a step are transient or state corruption (an out-of-memory, a
-  bug hit by one batch), which a fresh pool cures in milliseconds, while a
-  pod replacement takes the model's load time and drops every queued request.
-  **Crash-loop guard:** after ``max_restarts`` restarts within
-  ``restart_window`` seconds the next failure is final: the loop goes
-  ``failed`` (``/ready`` and ``/health`` 503), fails everything in flight, and
-  the orchestrator replaces the pod (a broken device does not heal by
-  restarting the loop).
-* **Deadlines** (``submit(..., timeout=)``): a timer on the event loop, not in
-  the engine thread, so it fires even while a step is stuck; the requests are
-  aborted (their blocks are free before the next step) and the stream raises
-  :class:`RequestTimeoutError` (HTTP 504).
-* **Slow consumers**: a stream buffers at most ``max_buffered`` outputs per
-  request that its client has not taken (the socket's buffers come first); past
-  that the requests are aborted and the stream raises :class:`SlowConsumerError`.
-  The other requests never wait for it. Only streamed responses are bounded
-  (``submit(..., bounded=False)`` for the others: their handler reads the
-  outputs itself, and a busy event loop is no slow client).
-* **A stalled step** (``step_timeout``): a watchdog thread sees a step running
-  too long, marks the loop ``stalled`` and fails every request in flight and
-  every pending submission at once (HTTP 503, or an error event): the HTTP
-  side never hangs on the stuck thread. If the step finally returns, its
-  outputs are discarded (their clients were answered), the engine is dropped,
-  and the loop restarts with a fresh one as after a failed step (it counts
-  toward the crash-loop guard). If it never returns, ``/health`` stays 503
-  and the orchestrator's liveness probe restarts the process.
-* **Drain** (:meth:`EngineLoop.drain`, on SIGTERM): ``/ready`` turns 503 and
-  new submissions are refused (503) at once; requests in flight go on, and
-  those still running after the drain timeout are aborted with an error.
-* If a ``BaseException`` escapes the loop, or a fresh engine cannot be built,
-  the loop is ``failed``: :attr:`EngineLoop.error` says why (for the operator:
-  it goes to ``on_failure``, the log), every open stream raises
-  :class:`EngineDeadError`, and so does every later ``submit``.
-* **What clients are told.** Error messages that reach a client are stable
-  texts that name only that client's own request: :data:`REQUEST_FAILED`,
-  :data:`ENGINE_RESTARTED`, :data:`ENGINE_FAILED` — never an exception's class
-  or text, nor another request's id. The details (exception, batch, request
-  ids) go to the log only: each request's JSON line (its ``error``) and the
-  ``engine_failure`` records.
-
-Fairness. Requests are queued in the engine in the order of their
-``priority`` (lower first, then arrival: the engine's ``"priority"`` policy);
-the server gives the k-th sequence of one HTTP call priority k, so a call
-with many sequences (prompts × ``n``) cannot starve a call that arrives after
-it: calls are admitted round-robin, one sequence each per round.
+Fault tolerance (chapter 12.3; :mod:`.supervisor`, :mod:`.faults`): the loop's
+:attr:`~EngineLoop.state` (:class:`~.faults.LoopState`) is what ``/ready`` and
+``/health`` report. A request's own failure fails that request alone; an engine
+failure (an escaped exception, or a wholly failed step whose ``Engine.probe``
+fails too) restarts a fresh engine, up to the crash-loop guard
+(``max_restarts`` within ``restart_window``, then ``failed``). Deadlines raise
+:class:`RequestTimeoutError` (504); slow consumers past ``max_buffered``
+:class:`SlowConsumerError`; a step past ``step_timeout`` makes the loop
+``stalled``; :meth:`EngineLoop.drain` on SIGTERM; a dead loop raises
+:class:`EngineDeadError`. Clients see only :data:`REQUEST_FAILED`,
+:data:`ENGINE_RESTARTED`, :data:`ENGINE_FAILED`; details go to the log.
+The states' table and each rule's reasons: chapter 12.3 ("The engine loop's
+rules, in full"). Fairness: the k-th sequence of one HTTP call gets priority k,
+so calls are admitted round-robin, one sequence each per round.
 """
 
 from __future__ import annotations

@@ -2,63 +2,30 @@
 
 vLLM's names (``vllm/v1/metrics/loggers.py``) with an ``llmrs:`` prefix and vLLM's
 buckets, so dashboards written for vLLM read ours. Every series carries the
-``model_name`` label.
+``model_name`` label. Gauges: ``num_requests_running``, ``num_requests_waiting``,
+``kv_cache_usage_perc`` (0..1, prefix-cache-only blocks count as free). Counters:
+``prompt_tokens_total`` (a prompt with ``n`` > 1 choices counts once, as ``usage``
+does: :meth:`ServerMetrics.share_prompt`), ``generation_tokens_total``,
+``num_preemptions_total``, ``prefix_cache_queries_total``, ``prefix_cache_hits_total``,
+``request_success_total`` (by ``finished_reason``), ``engine_restarts_total``.
+Histograms: ``time_to_first_token_seconds``, ``inter_token_latency_seconds``,
+``e2e_request_latency_seconds``, ``request_queue_time_seconds``,
+``request_prefill_time_seconds``, ``request_decode_time_seconds``,
+``request_prompt_tokens``, ``request_generation_tokens``. Each one's meaning and
+caveats: chapter 12.2 ("The metrics, one by one").
 
-=============================================  =========  ==========================================
-``llmrs:num_requests_running``                 gauge      requests in the engine's running batch
-``llmrs:num_requests_waiting``                 gauge      requests queued, not yet running
-``llmrs:kv_cache_usage_perc``                  gauge      KV blocks held by requests, 0..1 (blocks kept
-                                                          only by the prefix cache count as free: they
-                                                          are evictable, as in vLLM)
-``llmrs:prompt_tokens_total``                  counter    prompt tokens of requests that got a first token
-                                                          (a prompt with ``n`` > 1 choices counts once: the
-                                                          ``usage``'s ``prompt_tokens``)
-``llmrs:generation_tokens_total``              counter    tokens returned to clients (the ``usage``'s
-                                                          ``completion_tokens``: an end-of-turn token
-                                                          that ends a request is not returned)
-``llmrs:num_preemptions_total``                counter    requests preempted (their KV freed, recomputed)
-``llmrs:prefix_cache_queries_total``           counter    prompt tokens looked up in the prefix cache
-``llmrs:prefix_cache_hits_total``              counter    of those, tokens found cached
-``llmrs:request_success_total``                counter    finished requests, by ``finished_reason``
-                                                          (``stop``, ``length``, ``abort``, ``error``)
-``llmrs:engine_restarts_total``                counter    fresh engines built after an engine failure
-                                                          (chapter 12.3; not a vLLM metric)
-``llmrs:time_to_first_token_seconds``          histogram  arrival to first token, per request
-``llmrs:inter_token_latency_seconds``          histogram  between consecutive tokens of a request
-``llmrs:e2e_request_latency_seconds``          histogram  arrival to finish, per finished request
-``llmrs:request_queue_time_seconds``           histogram  arrival to the first step that ran it
-``llmrs:request_prefill_time_seconds``         histogram  that step to the first token
-``llmrs:request_decode_time_seconds``          histogram  first token to last token
-``llmrs:request_prompt_tokens``                histogram  prompt length, per finished request
-``llmrs:request_generation_tokens``            histogram  tokens returned, per finished request
-=============================================  =========  ==========================================
+Invariants: the per-request histograms from ``e2e`` on observe only requests that
+finished with ``stop`` or ``length``; gauges and counters are exported from the
+start, at 0; every app has its own registry (never the process-global one).
 
-The five per-request histograms from ``e2e`` on observe requests that finished
-with ``stop`` or ``length`` (a request aborted or failed has no complete
-phases); ``request_success_total`` counts every reason. With ``n > 1`` or
-several prompts in one call, each choice is one engine request; the handler
-declares the ``n`` requests of one prompt with :meth:`ServerMetrics.share_prompt`,
-so that ``prompt_tokens_total`` counts that prompt once, as the response's
-``usage.prompt_tokens`` does (OpenAI's and vLLM's usage). The per-request
-histograms (``request_prompt_tokens``) still observe each request.
-
-The gauges (running, waiting, KV usage) and every counter are exported from the
-start, at 0: an alert on an idle replica has a series to read.
-
-Every app gets its own registry (never the process-global one), so tests and
-notebooks can run several servers in one process. :meth:`ServerMetrics.observe_step`
-is called in the engine-loop thread after each iteration with its outputs and the
-engine's :class:`~llmrs_core.engine.StepStats` (the queues, the block pool, the prefix
-cache's counters, each request's sizes and times) and updates the metrics;
-``prometheus_client`` metrics are thread-safe, so ``/metrics`` reads them from the event loop.
-
-By default TTFT, inter-token gaps and the token counters are observed as the
-tokens come (a dashboard sees a long request's tokens before it ends).
-:meth:`ServerMetrics.record_at_finish` hands each request that finished with
-``stop`` or ``length`` to one function instead, called once with the
-request's timings (:class:`RequestMetricSet`, :class:`FinishedRequestRecorder`;
-:func:`record_finished_request` is the engine's). Exercise 12.7 plugs the
-learner's in there; the scrape gives the same totals either way.
+:meth:`ServerMetrics.observe_step` is called in the engine-loop thread after each
+iteration with its outputs and the engine's :class:`~llmrs_core.engine.StepStats`
+(never the engine); ``prometheus_client`` metrics are thread-safe, so ``/metrics``
+reads them from the event loop. By default tokens are observed as they come;
+:meth:`ServerMetrics.record_at_finish` hands each finished request's timings to one
+function instead (:class:`RequestMetricSet`, :class:`FinishedRequestRecorder`;
+:func:`record_finished_request` is the engine's; Exercise 12.7 plugs the learner's
+in). The scrape gives the same totals either way.
 """
 
 from __future__ import annotations

@@ -7,35 +7,16 @@ so the server accepts exactly what ``model.generate`` accepts. A field this
 server does not implement is refused by name, never silently ignored; ``null``
 means "not given", as in OpenAI's API.
 
-The bounds, after OpenAI's API and vLLM (each value outside them is a 400 naming
-its field; within them every finite logit vector gives a finite distribution):
-
-=======================  ===================  ====================================================
-field                    accepted             why
-=======================  ===================  ====================================================
-``temperature``          [0, 2]               OpenAI's range; below 1e-5 is greedy (vLLM's rule)
-``top_p``                (0, 1]               OpenAI's and vLLM's
-``top_k``                integer >= 0         0 is off (vLLM's -1 is not taken)
-``min_p``                [0, 1]               vLLM's
-``presence_penalty``,    [-2, 2]              OpenAI's and vLLM's
-``frequency_penalty``
-``repetition_penalty``   [0.01, 100]          vLLM takes any value > 0; 1e-38 overflowed a logit
-                                              to infinity and the softmax to NaN
-``seed``                 [0, 2**63)
-``n``                    [1, :data:`MAX_N`]   16
-prompts × ``n``          <= :data:`MAX_SEQUENCES`  64 sequences a call (each is an engine request)
-``stop``                 <= 16 strings of     ``validation.MAX_STOP_STRINGS`` / ``MAX_STOP_CHARS``
-                         <= 256 characters    (OpenAI allows 4)
-``logprobs``             0 to 20              OpenAI's
-``logit_bias``           not supported        a 400 naming it
-``tools``                <= 128 objects       passed to the chat template (``messages.MAX_TOOLS``);
-                                              the reply's text is not parsed into tool calls
-``tool_choice``          ``auto``, ``none``   ``none``: the template is not given the tools
-``chat_template_kwargs`` an object of <= 64   template variables, as vLLM's (``enable_thinking``,
-                         JSON values          ``date_string``...); reserved names (``messages``,
-                                              ``add_generation_prompt``, ``tools``, special tokens,
-                                              the sandbox's functions) are a 400 naming them
-=======================  ===================  ====================================================
+The bounds follow OpenAI's API and vLLM: each value outside them is a 400 naming its
+field, and within them every finite logit vector gives a finite distribution.
+``temperature`` [0, 2]; ``top_p`` (0, 1]; ``top_k`` integer >= 0 (0 is off); ``min_p`` [0, 1];
+``presence_penalty``, ``frequency_penalty`` [-2, 2]; ``repetition_penalty`` [0.01, 100];
+``seed`` [0, 2**63); ``n`` [1, :data:`MAX_N`]; prompts × ``n`` <= :data:`MAX_SEQUENCES`
+(each an engine request); ``stop`` <= 16 strings of <= 256 characters; ``logprobs`` 0 to 20;
+``logit_bias`` refused; ``tools`` <= 128, passed to the chat template (the reply is not parsed
+into tool calls); ``tool_choice`` ``auto`` or ``none``; ``chat_template_kwargs`` an object of
+<= 64 JSON values, reserved names refused. The reason for each bound: chapter 11.4 ("The
+request fields' bounds").
 
 Responses are plain dicts in OpenAI's shape: ``id``, ``object``, ``created``,
 ``model``, ``choices`` (``index``, ``text`` or ``message``/``delta``,

@@ -16,25 +16,10 @@ error of about 1/254 of the block's largest value); rounded as llama.cpp rounds 
 codes are llama.cpp's own, and the products agree with its to float32 rounding.
 
 The kernels read a copy of each matrix of their own (:class:`Int8Rows`, made
-from a :class:`~.packing.PackedMatrix` at load): rows in groups of eight,
-and within a group's block, four code bytes of row 0, four of row 1, ...,
-four of row 7, then the next four of each. One 32-byte load then holds four
-codes of each of eight rows (a Q4 load eight: four in the low nibbles, the four
-16 places on in the high ones), a broadcast puts the activation's matching four
-codes in every 32-bit lane, and one integer dot product leaves each row's sum
-in a lane of its own: per block one int32 vector holds the eight rows' exact
-sums, converted, scaled and accumulated with vector operations (llama.cpp's
-repacked ``q4_0_8x8`` kernels work this way). A group is one sequential stream. The
-interleaved layout the float kernels read puts 32 *rows* side by side,
-code by code, which suits float lanes but not byte products. The copy's forms
-(:class:`Int8Rows`), in bytes per 32 weights: ``"q4"`` (Q4_0, Q4_1: 16 of nibbles, float32
-``d`` and ``m``) 24; ``"q4k"`` (Q4_K, its integer scales as stored) 19; ``"q8"`` (Q8_0,
-IQ4_NL, IQ4_XS and fused mixtures: bytes and a float32 ``d``) 36; ``"q4h"`` (nibbles plus
-bit planes: Q5_0 24, Q6_K 26.5, Q3_K 18.5); ``"q8a"`` (Q5_1, Q5_K, Q2_K: unsigned bytes with
-``d`` and ``m``) 40 or 48. The numba
-backend's int8 path reads only the copy, in steps of any length (batch invariance:
-``backends.numba_backend``); ``matmul.matmul`` on its own takes it up to
-``matmul.INT8_ROWS`` rows, where it beats BLAS.
+from a :class:`~.packing.PackedMatrix` at load, forms ``"q4"``, ``"q4k"``, ``"q8"``,
+``"q4h"``, ``"q8a"``): rows in groups of eight, interleaved four code bytes at a
+time, so one integer dot product leaves each row's exact int32 sum in a lane of its
+own. The layout and each form's bytes: chapter 8 ("The int8 copy's layout").
 
 :func:`int8_unavailable` is the dispatch: the int8 kernels exist only for
 x86-64 targets with AVX2, and are compiled only when it returns None;

@@ -3,21 +3,16 @@
 ``y = x @ W.T`` for ``x [T, cols]`` and a :class:`~.packing.PackedMatrix`
 ``W [rows, cols]``, without ever writing ``W`` out as floats:
 
-* **T = 1 (decode)**: :func:`q4_matvec` / :func:`q8_matvec`. For a block of
-  32 weights ``w = d q + m`` the dot product with ``x`` is
-  ``d * sum(q x) + m * sum(x)``: the inner loop multiplies raw codes by
-  ``x`` and the scale is applied once per block; ``sum(x)`` per block is
-  computed once per call and shared by every row. With the rows interleaved
-  (see ``packing``), the innermost loop runs over 32 rows at once and LLVM
-  turns it into vector conversions and ``vfmadd`` on whole registers.
+* **T = 1 (decode)**: :func:`q4_matvec` / :func:`q8_matvec`: per block of 32 weights
+  ``w = d q + m``, ``d * sum(q x) + m * sum(x)``, the block sums of ``x`` computed once
+  per call; the innermost loop runs over 32 interleaved rows (chapter 8.1 derives it).
 * **small T (a decode batch)**: up to :data:`ROWS_AS_MATVECS` rows, one
   matvec each; then :func:`q4_matmul_small` / :func:`q8_matmul_small`
   unpack a block of codes once into a little float tile (in L1) and reuse it
   for all T rows of ``x``, four rows at a time: each weight byte is still
   read from memory once.
 * **large T (prompt processing)**: :func:`dequantize_rows` expands a band of
-  rows to float32 and BLAS's sgemm does the arithmetic — at T = 512 the
-  dequantisation is about 6% of a forward pass.
+  rows to float32 and BLAS's sgemm does the arithmetic (its cost: chapter 8.4).
 * **int8 decode** (a matrix with an ``int8`` copy, up to :data:`INT8_ROWS`
   rows): ``x`` is quantised to 8 bits and multiplied with integer dot products
   (``int8.matmul_int8``, llama.cpp's arithmetic); the backend makes the copies

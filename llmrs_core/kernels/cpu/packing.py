@@ -1,9 +1,7 @@
 """Weight matrices repacked for the Numba kernels (chapter 8, section 8.2).
 
-A GGUF Q4_1 row stores, per block of 32 weights, ``d`` and ``m`` (fp16) next
-to 16 bytes of nibbles. That is compact but awkward for SIMD: a vector
-register wants the *same* operation on 8-16 neighbouring values, and the
-scales sit in the way. The kernels instead read a layout made for them:
+GGUF's blocks put fp16 scales between the codes, in the way of SIMD (chapter 8.1
+explains); the kernels read a layout made for them:
 
 * **rows interleaved** in groups of :data:`LANES` (32): byte ``j`` of block
   ``b`` of all 32 rows of a group lies side by side, so one vector load
