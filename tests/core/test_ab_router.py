@@ -194,11 +194,14 @@ def broken_upstream() -> tuple[str, threading.Thread, socket.socket]:
                 request = read_request(conn)
                 if request.startswith(b"GET /v1/models"):
                     body = json.dumps({"data": [{"id": "m"}]}).encode()
-                    conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: "
+                    # connection: close, so that the router's client never reuses this connection for the
+                    # stream (a pooled connection the fake has closed fails with ReadError, now and then)
+                    conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\nconnection: close\r\n"
+                                 b"content-length: "
                                  + str(len(body)).encode() + b"\r\n\r\n" + body)
                 else:
                     event = f"data: {json.dumps(chunk)}\n\n".encode()
-                    conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+                    conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n"
                                  b"transfer-encoding: chunked\r\n\r\n" + f"{len(event):x}\r\n".encode() + event
                                  + b"\r\n")  # ... and the connection closes without the last chunk
 
