@@ -7,8 +7,9 @@ a band of rows at a time and lets BLAS multiply. The small operations are single
 (``kernels.cpu.ops``).
 
 Int8 path (default with AVX2, ``int8.int8_unavailable``): llama.cpp's int8 arithmetic
-(``kernels.cpu.int8``) from an int8 copy of each quantised matrix; it agrees with llama.cpp
-(top-5 rule), not with NumPy; ``exact=True`` (``--exact``) keeps the float kernels, which do.
+(``kernels.cpu.int8``) from an int8 copy of each quantised matrix, the only copy kept (the packed
+arrays are freed; an embedding's rows are dequantised from the file's bytes). It agrees with
+llama.cpp (top-5 rule), not with NumPy; ``exact=True`` (``--exact``) keeps the float kernels, which do.
 
 Batch invariance, the int8 path's contract: a token's numbers depend only on its own
 sequence and position, never on the step that computes them: every kernel computes each row
@@ -17,9 +18,8 @@ cache, alone or batched, in one prefill or in chunks, before or after a preempti
 (tests/core/test_batch_invariance.py); F32/F16/BF16 matrices go through BLAS, invariant
 to float32 rounding only. What it costs: chapter 8.5 ("The int8 path and batch invariance").
 
-The exact path chooses by step size instead — the float Numba kernels up to
-``kmatmul.SMALL_BATCH`` rows, BLAS above — and so is reproducible run to run but equal
-across batch shapes only to float32 rounding.
+The exact path chooses by step size instead — the float Numba kernels up to ``kmatmul.SMALL_BATCH``
+rows, BLAS above — and so is reproducible run to run but equal across batch shapes only to float32 rounding.
 
 Threads: ``threads`` (default: every core Numba may use) sets Numba's pool;
 BLAS is given the same number only around the exact path's prompt-processing
