@@ -44,7 +44,8 @@ ACTIVATION_SCHEME: dict[GGMLType, str] = {
 }
 #: values per activation scale of each scheme
 SCHEME_BLOCK = {"q8_0": 32, "q8_1": 32, "q8_k": 256}
-_SCHEME_CODE = {"q8_0": 0, "q8_1": 1, "q8_k": 2}
+#: each scheme as the compiled kernels take it
+SCHEME_CODE = {"q8_0": 0, "q8_1": 1, "q8_k": 2}
 
 
 def activation_scheme(source: str) -> str | None:
@@ -202,18 +203,28 @@ def quantize_activations(x: np.ndarray, scheme: str, block: int = 32) -> tuple[n
     Compiled without ``fastmath``: every division, product and rounding is IEEE float32, as in
     ggml's C.
     """
-    if scheme not in _SCHEME_CODE:
-        raise ValueError(f"unknown activation scheme {scheme!r}; known: {sorted(_SCHEME_CODE)}")
+    if scheme not in SCHEME_CODE:
+        raise ValueError(f"unknown activation scheme {scheme!r}; known: {sorted(SCHEME_CODE)}")
     t_count, cols = x.shape
     if cols % SCHEME_BLOCK[scheme] or SCHEME_BLOCK[scheme] % block:
         raise ValueError(f"{scheme} quantises rows in blocks of {SCHEME_BLOCK[scheme]}; got {cols} columns "
                          f"laid out in blocks of {block}")
+    return quantized(x, SCHEME_CODE[scheme], block)
+
+
+@njit(cache=True)
+def quantized(x, scheme, block):
+    """:func:`quantize_activations` for compiled callers, without its checks: ``scheme`` is the
+    scheme's :data:`SCHEME_CODE`, ``x`` C-contiguous float32 ``[T, cols]``."""
+    t_count, cols = x.shape
     xq = np.empty((t_count, cols), np.int8)
     xd = np.empty((t_count, cols // block), np.float32)
     xs = np.empty((t_count, cols // block), np.float32)
-    run = _quantize_parallel if t_count >= PARALLEL_QUANTIZE_ROWS else _quantize_serial
-    run(x, _SCHEME_CODE[scheme], block, xq, xd, xs)
+    if t_count >= PARALLEL_QUANTIZE_ROWS:
+        _quantize_parallel(x, scheme, block, xq, xd, xs)
+    else:
+        _quantize_serial(x, scheme, block, xq, xd, xs)
     return xq, xd, xs
 
 
-__all__ = ["ACTIVATION_SCHEME", "SCHEME_BLOCK", "activation_scheme", "quantize_activations"]
+__all__ = ["ACTIVATION_SCHEME", "SCHEME_BLOCK", "SCHEME_CODE", "activation_scheme", "quantize_activations", "quantized"]

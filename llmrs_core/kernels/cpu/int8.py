@@ -31,6 +31,7 @@ Shapes: ``x [T, cols]`` float32; ``xq [T, cols]`` int8, ``xd``, ``xs``
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -488,6 +489,22 @@ class Int8Rows:
     sc: np.ndarray | None = None
     mn: np.ndarray | None = None
 
+    @functools.cached_property
+    def kernel_args(self) -> tuple:
+        """``(form, qs, d, m, qh, sc, mn)`` as :func:`int8_matmul` takes them: the form's integer, the
+        code bytes as uint8 (a ``"q8"`` copy's int8 codes seen as bytes: the kernels read bits),
+        and a placeholder for each array the form has none of, so every form has the same types."""
+        if self.kind == "q4h":
+            form = _PLANE_FORM[self.variant]
+        else:
+            form = {"q4": FORM_Q4, "q4k": FORM_Q4K, "q8": FORM_Q8}.get(self.kind, FORM_Q8A if self.block == 32 else FORM_Q8A16)
+
+        def given(a: np.ndarray | None, placeholder: np.ndarray) -> np.ndarray:
+            return placeholder if a is None else a.view(np.uint8)
+
+        return (form, self.qs.view(np.uint8), self.d, self.m, given(self.qh, _NO_PLANES), given(self.sc, _NO_SCALES),
+                given(self.mn, _NO_SCALES))
+
     @property
     def nbytes(self) -> int:
         extra = (self.qh, self.sc, self.mn)
@@ -703,125 +720,102 @@ def int8_rows_unsigned(codes: np.ndarray, d: np.ndarray, m: np.ndarray, source: 
 CHUNK_ROWS = 16
 
 
+#: the int8 kernels' forms as :func:`int8_matmul` takes them (one integer: the form, and for ``"q8a"``
+#: and ``"q4h"`` the block and variant the row dot products are compiled for)
+FORM_Q4, FORM_Q4K, FORM_Q8, FORM_Q8A, FORM_Q8A16, FORM_Q5_0, FORM_Q6_K, FORM_Q3_K = range(8)
+_PLANE_FORM = {"Q5_0": FORM_Q5_0, "Q6_K": FORM_Q6_K, "Q3_K": FORM_Q3_K}
+
+#: placeholders for the arrays a form has none of (one array type per argument: one compilation)
+_NO_PLANES = np.zeros((1, 32), np.uint8)  # Q3_K's codes fit their nibbles; no plane words elsewhere
+_NO_SCALES = np.zeros((1, 8), np.uint8)  # integer sub-block scales: Q4_K's and the K-quant planes' only
+
+
+@njit(cache=True, inline="always")
+def _rows_x4(form, qs, d, m, qh, sc, mn, xq, xd, xs, xsum, out, g, t):
+    """Group ``g`` of the weight rows against activation rows ``t .. t + 3``, by ``form``."""
+    if form == FORM_Q4:
+        q4_rows_dot_x4(qs, d, m, xq, xd, xs, out, g, t)
+    elif form == FORM_Q4K:
+        q4k_rows_dot_x4(qs, d, m, sc, mn, xq, xd, xs, out, g, t)
+    elif form == FORM_Q8:
+        q8_rows_dot_x4(qs, d, xq, xd, out, g, t)
+    elif form == FORM_Q8A:
+        q8a_rows_dot_x4(qs, d, m, xq, xd, xs, out, g, t)
+    elif form == FORM_Q8A16:
+        q8a_16_rows_dot_x4(qs, d, m, xq, xd, xs, out, g, t)
+    elif form == FORM_Q5_0:
+        q5_0_rows_dot_x4(qs, qh, d, sc, xq, xd, xsum, out, g, t)
+    elif form == FORM_Q6_K:
+        q6_k_rows_dot_x4(qs, qh, d, sc, xq, xd, xsum, out, g, t)
+    else:
+        q3_k_rows_dot_x4(qs, qh, d, sc, xq, xd, xsum, out, g, t)
+
+
+@njit(cache=True, inline="always")
+def _rows_x1(form, qs, d, m, qh, sc, mn, xq, xd, xs, xsum, out, g, t):
+    """:func:`_rows_x4` for the one activation row ``t``."""
+    if form == FORM_Q4:
+        q4_rows_dot(qs, d, m, xq, xd, xs, out, g, t)
+    elif form == FORM_Q4K:
+        q4k_rows_dot(qs, d, m, sc, mn, xq, xd, xs, out, g, t)
+    elif form == FORM_Q8:
+        q8_rows_dot(qs, d, xq, xd, out, g, t)
+    elif form == FORM_Q8A:
+        q8a_rows_dot(qs, d, m, xq, xd, xs, out, g, t)
+    elif form == FORM_Q8A16:
+        q8a_16_rows_dot(qs, d, m, xq, xd, xs, out, g, t)
+    elif form == FORM_Q5_0:
+        q5_0_rows_dot(qs, qh, d, sc, xq, xd, xsum, out, g, t)
+    elif form == FORM_Q6_K:
+        q6_k_rows_dot(qs, qh, d, sc, xq, xd, xsum, out, g, t)
+    else:
+        q3_k_rows_dot(qs, qh, d, sc, xq, xd, xsum, out, g, t)
+
+
+@njit(cache=True)
+def _code_sums(form, xq, xd):
+    """``[T, cols / block]`` int32: each activation block's code sum, which the ``"q4h"`` forms take
+    times their bias (an integer, exact); ``[0, 0]`` for the other forms, which need none."""
+    if form < FORM_Q5_0:
+        return np.zeros((0, 0), np.int32)
+    t_count, n_scales = xd.shape
+    block = xq.shape[1] // n_scales
+    xsum = np.zeros((t_count, n_scales), np.int32)
+    for t in range(t_count):
+        for b in range(n_scales):
+            total = 0
+            for j in range(b * block, (b + 1) * block):
+                total += xq[t, j]
+            xsum[t, b] = total
+    return xsum
+
+
 @njit(parallel=True, cache=True)
-def q4_int8_matmul(qs, d, m, xq, xd, xs):
-    """``[T, groups * GROUP_ROWS]``: every row of a Q4-form matrix (:class:`Int8Rows`'s arrays)
-    against every row of Q8_1 activations.
+def int8_matmul(form, qs, d, m, qh, sc, mn, xq, xd, xs):
+    """``[T, groups * GROUP_ROWS]``: every row of an int8 copy (:attr:`Int8Rows.kernel_args`: its
+    ``form`` and arrays) against every row of activations quantised for it.
 
     The work is cut into (chunk of :data:`CHUNK_ROWS` activation rows, group of weight rows)
     pieces, split across threads; a piece takes its group against the chunk's activation
     rows four at a time (:data:`X_ROWS`: each loaded weight word serves all four), then the
     rest one by one, so the group's bytes come from memory once per chunk and from L1 for
-    the other rows, and the chunk's activations stay in L1.
+    the other rows, and the chunk's activations stay in L1. Which row dot products a piece
+    runs is the form's (:func:`_rows_x4`): one loop for every form.
     """
     groups, t_count = qs.shape[0], xq.shape[0]
     out = np.empty((t_count, groups * GROUP_ROWS), np.float32)
+    xsum = _code_sums(form, xq, xd)
     chunks = (t_count + CHUNK_ROWS - 1) // CHUNK_ROWS
     for piece in prange(chunks * groups):
         chunk, g = piece // groups, piece % groups
         t, stop = chunk * CHUNK_ROWS, min(t_count, (chunk + 1) * CHUNK_ROWS)
         while t + X_ROWS <= stop:
-            q4_rows_dot_x4(qs, d, m, xq, xd, xs, out, g, t)
+            _rows_x4(form, qs, d, m, qh, sc, mn, xq, xd, xs, xsum, out, g, t)
             t += X_ROWS
         while t < stop:
-            q4_rows_dot(qs, d, m, xq, xd, xs, out, g, t)
+            _rows_x1(form, qs, d, m, qh, sc, mn, xq, xd, xs, xsum, out, g, t)
             t += 1
     return out
-
-
-@njit(parallel=True, cache=True)
-def q8_int8_matmul(qs, d, xq, xd):
-    """Q8-code counterpart of :func:`q4_int8_matmul` (no offset term)."""
-    groups, t_count = qs.shape[0], xq.shape[0]
-    out = np.empty((t_count, groups * GROUP_ROWS), np.float32)
-    chunks = (t_count + CHUNK_ROWS - 1) // CHUNK_ROWS
-    for piece in prange(chunks * groups):
-        chunk, g = piece // groups, piece % groups
-        t, stop = chunk * CHUNK_ROWS, min(t_count, (chunk + 1) * CHUNK_ROWS)
-        while t + X_ROWS <= stop:
-            q8_rows_dot_x4(qs, d, xq, xd, out, g, t)
-            t += X_ROWS
-        while t < stop:
-            q8_rows_dot(qs, d, xq, xd, out, g, t)
-            t += 1
-    return out
-
-
-@njit(parallel=True, cache=True)
-def q8a_int8_matmul(qs, d, m, xq, xd, xs):
-    """:func:`q4_int8_matmul` for unsigned 8-bit codes with an offset (the ``"q8a"`` form), blocks of
-    32 or 16 weights per scale (``xd.shape[1] * 16 == xq.shape[1]``)."""
-    groups, t_count = qs.shape[0], xq.shape[0]
-    out = np.empty((t_count, groups * GROUP_ROWS), np.float32)
-    chunks = (t_count + CHUNK_ROWS - 1) // CHUNK_ROWS
-    halves = xd.shape[1] * 16 == xq.shape[1]
-    for piece in prange(chunks * groups):
-        chunk, g = piece // groups, piece % groups
-        t, stop = chunk * CHUNK_ROWS, min(t_count, (chunk + 1) * CHUNK_ROWS)
-        while t + X_ROWS <= stop:
-            if halves:
-                q8a_16_rows_dot_x4(qs, d, m, xq, xd, xs, out, g, t)
-            else:
-                q8a_rows_dot_x4(qs, d, m, xq, xd, xs, out, g, t)
-            t += X_ROWS
-        while t < stop:
-            if halves:
-                q8a_16_rows_dot(qs, d, m, xq, xd, xs, out, g, t)
-            else:
-                q8a_rows_dot(qs, d, m, xq, xd, xs, out, g, t)
-            t += 1
-    return out
-
-
-@njit(parallel=True, cache=True)
-def q4k_int8_matmul(qs, d_super, m_super, sc, mn, xq, xd, xs):
-    """:func:`q4_int8_matmul` for the ``"q4k"`` form (Q4_K's scales as stored)."""
-    groups, t_count = qs.shape[0], xq.shape[0]
-    out = np.empty((t_count, groups * GROUP_ROWS), np.float32)
-    chunks = (t_count + CHUNK_ROWS - 1) // CHUNK_ROWS
-    for piece in prange(chunks * groups):
-        chunk, g = piece // groups, piece % groups
-        t, stop = chunk * CHUNK_ROWS, min(t_count, (chunk + 1) * CHUNK_ROWS)
-        while t + X_ROWS <= stop:
-            q4k_rows_dot_x4(qs, d_super, m_super, sc, mn, xq, xd, xs, out, g, t)
-            t += X_ROWS
-        while t < stop:
-            q4k_rows_dot(qs, d_super, m_super, sc, mn, xq, xd, xs, out, g, t)
-            t += 1
-    return out
-
-
-@njit(parallel=True, cache=True)
-def q4h_int8_matmul(qs, qh, d, sc, xq, xd, xsum, variant):
-    """:func:`q4_int8_matmul` for the ``"q4h"`` form; ``variant`` 0, 1, 2: Q5_0, Q6_K, Q3_K
-    (:data:`PLANE_FORMS`' order)."""
-    groups, t_count = qs.shape[0], xq.shape[0]
-    out = np.empty((t_count, groups * GROUP_ROWS), np.float32)
-    chunks = (t_count + CHUNK_ROWS - 1) // CHUNK_ROWS
-    for piece in prange(chunks * groups):
-        chunk, g = piece // groups, piece % groups
-        t, stop = chunk * CHUNK_ROWS, min(t_count, (chunk + 1) * CHUNK_ROWS)
-        while t + X_ROWS <= stop:
-            if variant == 0:
-                q5_0_rows_dot_x4(qs, qh, d, sc, xq, xd, xsum, out, g, t)
-            elif variant == 1:
-                q6_k_rows_dot_x4(qs, qh, d, sc, xq, xd, xsum, out, g, t)
-            else:
-                q3_k_rows_dot_x4(qs, qh, d, sc, xq, xd, xsum, out, g, t)
-            t += X_ROWS
-        while t < stop:
-            if variant == 0:
-                q5_0_rows_dot(qs, qh, d, sc, xq, xd, xsum, out, g, t)
-            elif variant == 1:
-                q6_k_rows_dot(qs, qh, d, sc, xq, xd, xsum, out, g, t)
-            else:
-                q3_k_rows_dot(qs, qh, d, sc, xq, xd, xsum, out, g, t)
-            t += 1
-    return out
-
-
-_NO_PLANES = np.zeros((1, 32), np.uint8)  # Q3_K's codes fit their nibbles: a placeholder for qh
-_NO_SCALES = np.zeros((1, 8), np.int8)  # Q5_0's scales are float32 per block: a placeholder for sc
 
 
 def matmul_int8(x: np.ndarray, w: Int8Rows) -> np.ndarray:
@@ -839,21 +833,10 @@ def matmul_int8(x: np.ndarray, w: Int8Rows) -> np.ndarray:
 def products(w: Int8Rows, xq: np.ndarray, xd: np.ndarray, xs: np.ndarray) -> np.ndarray:
     """``[T, rows]``: the kernel of ``w``'s form on activations quantised already (``xq`` int8 ``[T, cols]``,
     ``xd``, ``xs`` float32 ``[T, cols / w.block]``, as :func:`.activations.quantize_activations` gives them)."""
-    if w.kind == "q4":
-        out = q4_int8_matmul(w.qs, w.d, w.m, xq, xd, xs)
-    elif w.kind == "q8a":
-        out = q8a_int8_matmul(w.qs, w.d, w.m, xq, xd, xs)
-    elif w.kind == "q4k":
-        out = q4k_int8_matmul(w.qs, w.d, w.m, w.sc, w.mn, xq, xd, xs)
-    elif w.kind == "q4h":
-        xsum = xq.reshape(xq.shape[0], -1, w.block).sum(axis=2, dtype=np.int32)  # [T, cols / block]
-        out = q4h_int8_matmul(w.qs, w.qh if w.qh is not None else _NO_PLANES, w.d,
-                              w.sc if w.sc is not None else _NO_SCALES, xq, xd, xsum, list(PLANE_FORMS).index(w.variant))
-    else:
-        out = q8_int8_matmul(w.qs, w.d, xq, xd)
+    out = int8_matmul(*w.kernel_args, xq, xd, xs)
     return out if out.shape[1] == w.rows else out[:, : w.rows]
 
 
-__all__ = ["GROUP_ROWS", "X_ROWS", "Int8Rows", "int8_instructions", "int8_rows", "int8_rows_from_blocks", "int8_rows_planes", "int8_rows_q4_k", "int8_rows_unsigned",
-           "int8_unavailable", "matmul_int8", "products", "q4_int8_matmul", "q4h_int8_matmul", "q4k_int8_matmul", "q8_int8_matmul", "q8a_int8_matmul",
+__all__ = ["GROUP_ROWS", "X_ROWS", "Int8Rows", "int8_instructions", "int8_matmul", "int8_rows", "int8_rows_from_blocks",
+           "int8_rows_planes", "int8_rows_q4_k", "int8_rows_unsigned", "int8_unavailable", "matmul_int8", "products",
            "quantize_q8_1"]
