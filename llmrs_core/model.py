@@ -200,6 +200,8 @@ class LlamaModel:
         self.layers = [self._load_layer(gguf, i, rotaries) for i in range(config.n_layers)]
         self.output_norm = b.load_vector(gguf, "output_norm.weight")
         self.output = self.token_embd if config.tie_embeddings else b.load_matrix(gguf, "output.weight")
+        #: the backend's compiled layer loop for decode steps (chapter 8), or None: one process only
+        self.decode = b.decode_program(self.layers, config) if plan is None else None
 
     def _rotaries(self, source: WeightSource) -> dict[str, Rotary]:
         """The RoPE of the global layers and of the sliding-window ones (appendix B): Llama's
@@ -306,6 +308,23 @@ class LlamaModel:
         x = p.embed(b, self.token_embd, step.ids)                          # [n, d]
         if self.family.embed_scale:  # Gemma
             x = x * np.float32(math.sqrt(c.hidden_size))
+        # a decode step may run compiled, the same operations as the loop below in one call
+        compiled = self.decode.run(x, step) if self.decode is not None else None
+        x = compiled if compiled is not None else self._layers(x, step)   # [n, d]
+        logits = p.logits(x, step.last_rows if last_only else None, self._head)
+        self._check_finite(logits)
+        # Only a step that succeeded moves the caches on: after a failure (here or in any
+        # operation above) every cache is as it was, and the step can be run again.
+        for cache, t in zip(step.caches, step.sizes):
+            cache.advance(t)
+        bounds = step.bounds
+        if last_only:
+            return [logits[j : j + 1] for j in range(len(batch))]
+        return [logits[bounds[j] : bounds[j + 1]] for j in range(len(batch))]
+
+    def _layers(self, x: Any, step: StepBatch) -> Any:
+        """Every decoder block, one after another: ``x [n, d]`` -> ``[n, d]``."""
+        c, b, p = self.config, self.backend, self.plan
         for i, layer in enumerate(self.layers):
             h = b.rms_norm(x, layer.attn_norm, c.rms_norm_eps)            # [n, d]
             q, k, v = self._qkv(h, layer)                                 # [n, Hq, D], [n, Hkv, D] x2
@@ -319,16 +338,7 @@ class LlamaModel:
             if layer.post_ffn_norm is not None:  # Gemma
                 out = b.rms_norm(out, layer.post_ffn_norm, c.rms_norm_eps)
             x = x + out
-        logits = p.logits(x, step.last_rows if last_only else None, self._head)
-        self._check_finite(logits)
-        # Only a step that succeeded moves the caches on: after a failure (here or in any
-        # operation above) every cache is as it was, and the step can be run again.
-        for cache, t in zip(step.caches, step.sizes):
-            cache.advance(t)
-        bounds = step.bounds
-        if last_only:
-            return [logits[j : j + 1] for j in range(len(batch))]
-        return [logits[bounds[j] : bounds[j + 1]] for j in range(len(batch))]
+        return x
 
     def _qkv(self, h: Any, layer: LayerWeights) -> tuple[Any, Any, Any]:
         """``h [n, d]`` -> ``q [n, Hq, D]``, ``k, v [n, Hkv, D]``: the projections, with a family's

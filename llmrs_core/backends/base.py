@@ -30,7 +30,20 @@ from ..attention import PLAIN, AttentionOptions
 from ..sampling import Sampler, SamplingParams
 
 if TYPE_CHECKING:
+    from ..config import ModelConfig
     from ..formats.source import WeightSource
+    from ..model import LayerWeights
+    from ..step import StepBatch
+
+
+class DecodeProgram(ABC):
+    """A backend's compiled form of the model's layer loop for decode steps (chapter 8)."""
+
+    @abstractmethod
+    def run(self, x: Any, step: StepBatch) -> Any | None:
+        """``x [n, d]`` (the step's embeddings) through every layer -> ``[n, d]``, each sequence's new
+        keys and values written into its cache; None, touching nothing, for a step it does not
+        take (the model then runs its loop). The loop's operations, in its order."""
 
 
 class Backend(ABC):
@@ -138,6 +151,11 @@ class Backend(ABC):
             blocks, offsets = tables[i][positions // block_size], positions % block_size
             outs.append(self.attention(q[i:i + 1], k_pool[blocks, :, offsets], v_pool[blocks, :, offsets], options))
         return self.xp.concatenate(outs) if len(outs) > 1 else outs[0]
+
+    def decode_program(self, layers: list[LayerWeights], config: ModelConfig) -> DecodeProgram | None:
+        """Called once by the model after loading ``layers``: a compiled layer loop for its decode
+        steps, or None (this default): the model's own loop runs every step."""
+        return None
 
     def sampler(self, params: SamplingParams) -> Callable[..., int]:
         """The token chooser for ``params`` (``sampler(logits, history) -> id``)."""

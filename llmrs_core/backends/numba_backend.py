@@ -10,6 +10,8 @@ Int8 path (default with AVX2, ``int8.int8_unavailable``): llama.cpp's int8 arith
 (``kernels.cpu.int8``) from an int8 copy of each quantised matrix, the only copy kept (the packed
 arrays are freed; an embedding's rows are dequantised from the file's bytes). It agrees with
 llama.cpp (top-5 rule), not with NumPy; ``exact=True`` (``--exact``) keeps the float kernels, which do.
+Opt-in (``compiled_decode=True``, ``LLMRS_COMPILED_DECODE=1``): a decode step runs its layers in one
+compiled call (``backends.numba_decode``), the loop's kernels in its order, equal to float32 rounding.
 
 Batch invariance, the int8 path's contract: a token's numbers depend only on its own
 sequence and position, never on the step that computes them: every kernel computes each row
@@ -31,6 +33,7 @@ thread until you raise it (``threadpoolctl.threadpool_limits``).
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING
 
 import numba
@@ -54,10 +57,13 @@ from ..kernels.cpu.packing import PackedMatrix, fuse, pack_float, pack_raw, unsi
 from ..kernels.cpu.threads import BlasThreads, describe, set_threads
 from ..quant.types import GGMLType
 from ..rope import rope_frequencies
-from .base import Backend
+from .base import Backend, DecodeProgram
+from .numba_decode import compiled_decode
 
 if TYPE_CHECKING:
+    from ..config import ModelConfig
     from ..formats.source import WeightSource
+    from ..model import LayerWeights
 
 
 @njit(parallel=True, cache=True)
@@ -96,8 +102,12 @@ def _release(packed: PackedMatrix, stored: tuple[np.ndarray, GGMLType] | None) -
 class NumbaBackend(Backend):
     name = "numba"
 
-    def __init__(self, threads: int | None = None, exact: bool = False):
+    def __init__(self, threads: int | None = None, exact: bool = False, compiled_decode: bool | None = None):
         self.threads = set_threads(threads)
+        #: run decode steps through the compiled layer loop (``backends.numba_decode``): off unless asked
+        #: for (here or by ``LLMRS_COMPILED_DECODE=1``), see :meth:`decode_program`
+        self.compiled_decode = (os.environ.get("LLMRS_COMPILED_DECODE") == "1") if compiled_decode is None \
+            else compiled_decode
         #: why decode runs on the float kernels, or None when it runs on the int8 ones
         self.int8_reason = "exact=True" if exact else int8_unavailable()
         #: on the exact path, steps of up to this many tokens stay in Numba's kernels (products
@@ -261,6 +271,14 @@ class NumbaBackend(Backend):
             return super().paged_decode_attention(q, k_pool, v_pool, tables, lengths, options)
         return ops.paged_decode_attention(np.ascontiguousarray(q), k_pool, v_pool, tables, lengths,
                                           *_kernel_options(options))
+
+    def decode_program(self, layers: list[LayerWeights], config: ModelConfig) -> DecodeProgram | None:
+        # Opt-in: it computes the loop's numbers to float32 rounding, not bit for bit (its copies of the
+        # fastmath kernels are compiled in another context), so a step's tokens could depend on whether
+        # it ran compiled, which the int8 path's batch invariance forbids (see numba_decode).
+        if self.int8_reason is not None or not self.compiled_decode:
+            return None
+        return compiled_decode(layers, config, self.rope_layout == "interleaved", self.threads)
 
     def describe(self) -> str:
         decode = (f"int8 ({int8_instructions()})" if self.int8_reason is None
