@@ -80,20 +80,13 @@ def quantize_q8_0(x: np.ndarray) -> np.ndarray:
     return out.reshape(_out_shape(shape, GGMLType.Q8_0))
 
 
-def _signed_codes(blocks: np.ndarray, half: int) -> tuple[np.ndarray, np.ndarray]:
-    """Q4_0 (``half`` 8) and Q5_0 (16): ``d [n, 1] = m / -half`` for ``m`` the weight of largest
-    magnitude with its sign, and codes ``q [n, 32] = min(2 half - 1, trunc(x / d + half + 0.5))``
-    uint8 (``(int8_t)(x*id + half + 0.5)`` in ggml: a truncation toward zero, >= 0 since x*id >= -half)."""
-    biggest = np.take_along_axis(blocks, np.abs(blocks).argmax(axis=1)[:, None], axis=1)
-    biggest = np.where(biggest == 0, np.float32(0), biggest)  # ggml keeps +0.0 for a block of zeros
-    d = biggest / np.float32(-half)
-    codes = np.trunc(blocks * _inverse(d) + np.float32(half + 0.5))
-    return d, np.minimum(codes, 2 * half - 1).astype(np.uint8)
-
-
 def quantize_q4_0(x: np.ndarray) -> np.ndarray:
     blocks, shape = _as_blocks(x)
-    d, q = _signed_codes(blocks, 8)
+    biggest = np.take_along_axis(blocks, np.abs(blocks).argmax(axis=1)[:, None], axis=1)
+    biggest = np.where(biggest == 0, np.float32(0), biggest)  # ggml keeps +0.0 for a block of zeros
+    d = biggest / np.float32(-8)
+    codes = np.trunc(blocks * _inverse(d) + np.float32(8.5))
+    q = np.minimum(codes, 15).astype(np.uint8)
     out = np.concatenate([_fp16_bytes(d), _pack_nibbles(q)], axis=1)
     return out.reshape(_out_shape(shape, GGMLType.Q4_0))
 
@@ -120,7 +113,12 @@ def _pack_five_bits(q: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 def quantize_q5_0(x: np.ndarray) -> np.ndarray:
     blocks, shape = _as_blocks(x)
-    d, q = _signed_codes(blocks, 16)
+    biggest = np.take_along_axis(blocks, np.abs(blocks).argmax(axis=1)[:, None], axis=1)
+    biggest = np.where(biggest == 0, np.float32(0), biggest)  # ggml keeps +0.0 for a block of zeros
+    d = biggest / np.float32(-16)
+    # (int8_t)(x*id + 16.5): a truncation toward zero, always >= 0 here since x*id >= -16
+    codes = np.trunc(blocks * _inverse(d) + np.float32(16.5))
+    q = np.minimum(codes, 31).astype(np.uint8)
     qh, qs = _pack_five_bits(q)
     out = np.concatenate([_fp16_bytes(d), qh, qs], axis=1)
     return out.reshape(_out_shape(shape, GGMLType.Q5_0))
