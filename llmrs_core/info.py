@@ -33,12 +33,12 @@ def summary(model: Model, context_length: int | None = None) -> dict:
         "name": model.name,
         "path": str(model.path),
         "architecture": cfg.architecture,
-        "family_features": family_features(cfg, model.gguf.tensors),
+        "family_features": family_features(cfg, model.source.tensors),
         "config": dataclasses.asdict(cfg),
         "params": {**cfg.param_counts(), "total": cfg.n_params},
         "stored_params": model.stored_params(),
         "file_bytes": model.file_bytes(),
-        "tensor_bytes": sum(t.n_bytes for t in model.gguf.tensors.values()),
+        "tensor_bytes": sum(t.n_bytes for t in model.source.tensors.values()),
         "tensor_types": model.tensor_types(),
         "weight_bytes_by_format": {
             fmt: cfg.weight_bytes(fmt) for fmt in ("f32", "f16", "q8_0", "q4_1", "q4_0")

@@ -41,11 +41,11 @@ class Model:
 
     Attributes:
         path: the GGUF file (or Hugging Face directory).
-        gguf: the weight source (:class:`~llmrs_core.formats.source.WeightSource`): the
+        source: the weight source (:class:`~llmrs_core.formats.source.WeightSource`): the
             parsed GGUF file (metadata, tensor infos, memory-mapped data), or a
             Hugging Face directory (chapter 10).
         config: the architecture, from the GGUF metadata (or ``config.json``).
-        backend: name of the compute backend: ``"numba"`` (the default, chapter 8),
+        backend_name: name of the compute backend: ``"numba"`` (the default, chapter 8),
             ``"numpy"`` (the readable reference, chapter 4), ``"learner"`` (your
             exercise code where it exists; chapters 3-4) or ``"cuda"`` (an NVIDIA GPU,
             or numba-cuda's simulator; chapter 9).
@@ -57,14 +57,14 @@ class Model:
 
     def __init__(self, source: WeightSource, backend: str | None = None, threads: int | None = None,
                  split: tuple[WeightSource, StepPlan] | None = None, exact: bool = False):
-        self.gguf = source
+        self.source = source
         self.path = source.path
         self.config = source.config
         check_tensors(source, self.config)  # at load, not at the first forward pass
-        self.backend = DEFAULT_BACKEND if backend is None else backend
-        self._backend = get_backend(self.backend, threads, exact)
+        self.backend_name = DEFAULT_BACKEND if backend is None else backend
+        self._backend = get_backend(self.backend_name, threads, exact)
         self.parts = EngineParts.engines_own()
-        if self.backend == "learner":  # the workbook's learner facade: its classes, each in its checks
+        if self.backend_name == "learner":  # the workbook's learner facade: its classes, each in its checks
             self.parts = self._backend.engine_parts()  # type: ignore[attr-defined]
         #: a distributed rank's shard of ``source`` and the step plan that communicates (chapter 11)
         self.split = split
@@ -73,16 +73,21 @@ class Model:
     def network(self) -> LlamaModel:
         """The weights on the backend, loaded on first use (chapter 4); a distributed rank's
         own shard of them (chapter 11)."""
-        check_computable(self.gguf)  # every tensor's type, before any weight is read (llmrs info lists them)
+        check_computable(self.source)  # every tensor's type, before any weight is read (llmrs info lists them)
         if self.split is None:
-            check_host_allocation(resident_bytes(self.gguf, self._backend.name),
+            check_host_allocation(resident_bytes(self.source, self._backend.name),
                                   f"{self.path.name} on the {self._backend.name} backend")
-            network = LlamaModel(self.gguf, self.config, self._backend, kv_cache=self.parts.kv_cache)
-            self.gguf.release_pages()  # the backend holds its own copies of the weights now
+            network = LlamaModel(self.source, self.config, self._backend, kv_cache=self.parts.kv_cache)
+            self.source.release_pages()  # the backend holds its own copies of the weights now
             return network
         part, plan = self.split
         rows = part.tensors["token_embd.weight"].shape[0]
         return LlamaModel(part, part.config, self._backend, plan=plan, vocab_rows=rows, kv_cache=self.parts.kv_cache)
+
+    @property
+    def on_host(self) -> bool:
+        """Whether the backend keeps its arrays in NumPy, in host memory (the CPU backends; not ``"cuda"``)."""
+        return self._backend.xp is np
 
     @property
     def compiles_kernels(self) -> bool:
@@ -212,7 +217,7 @@ class Model:
 
     @functools.cached_property
     def _tokenizer(self) -> Tokenizer | None:
-        return self.gguf.tokenizer()
+        return self.source.tokenizer()
 
     @property
     def tokenizer(self) -> Tokenizer:
@@ -228,19 +233,19 @@ class Model:
 
     @property
     def name(self) -> str:
-        return str(self.gguf.metadata.get("general.name", self.path.stem))
+        return str(self.source.metadata.get("general.name", self.path.stem))
 
     def file_bytes(self) -> int:
         """Size of the model file on disk."""
-        return self.gguf.file_size
+        return self.source.file_size
 
     def tensor_types(self) -> dict[str, int]:
         """How many tensors are stored in each ggml type, e.g. ``{"Q4_1": 210, ...}``."""
-        return dict(Counter(t.type_name for t in self.gguf.tensors.values()).most_common())
+        return dict(Counter(t.type_name for t in self.source.tensors.values()).most_common())
 
     def stored_params(self) -> int:
         """Parameters actually stored in the file (sum over its tensor shapes)."""
-        return sum(t.n_elements for t in self.gguf.tensors.values())
+        return sum(t.n_elements for t in self.source.tensors.values())
 
     def summary(self, context_length: int | None = None) -> dict:
         """Everything ``llmrs info`` prints, as a JSON-ready dict: :func:`llmrs_core.info.summary`.
@@ -251,7 +256,7 @@ class Model:
         return summary(self, context_length)
 
     def __repr__(self) -> str:
-        return f"Model({self.name!r}, {self.config.n_params:,} params, backend={self.backend!r})"
+        return f"Model({self.name!r}, {self.config.n_params:,} params, backend={self.backend_name!r})"
 
 
 def load(path: str | os.PathLike[str] | None = None, backend: str | None = None,
@@ -287,8 +292,8 @@ def load(path: str | os.PathLike[str] | None = None, backend: str | None = None,
             source = _open(path, backend)
             model = Model(source, backend=backend, threads=threads,
                           split=shard(source, comm, tp, pp, vocab_parallel), exact=exact)
-            if model._backend.xp is not np:  # the collectives move NumPy arrays (MPI); NCCL is not built
-                raise ValueError(f"tp/pp run on the CPU backends (numba, numpy); {model.backend!r} keeps "
+            if not model.on_host:  # the collectives move NumPy arrays (MPI); NCCL is not built
+                raise ValueError(f"tp/pp run on the CPU backends (numba, numpy); {model.backend_name!r} keeps "
                                  "its arrays on a GPU, which this engine's communicators cannot move")
             _ = model.network  # load the weights now, so that every rank knows every rank loaded
             return model

@@ -10,7 +10,7 @@ your layers and your sampler.
 Shapes: T = tokens, d = hidden_size (576), V = vocab_size (49152).
 A weight matrix is [out_features, in_features]; a linear layer is x @ W.T.
 ``weights`` maps llama.cpp tensor names ("blk.0.attn_q.weight", ...) to
-float32 arrays: ``llmrs_core.quant.dequantize_all(model.gguf)`` makes it.
+float32 arrays: ``llmrs_core.quant.dequantize_all(model.source)`` makes it.
 """
 
 from __future__ import annotations

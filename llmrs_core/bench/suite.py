@@ -406,7 +406,7 @@ class QuantBench(Benchmark):
             start = time.perf_counter()
             rows[name] = {**evaluate(model, ids, scheme, ref), "seconds": time.perf_counter() - start}
             tick("quant")
-        n_weights = sum(info.n_elements for name, info in model.gguf.tensors.items()
+        n_weights = sum(info.n_elements for name, info in model.source.tensors.items()
                         if name != "output.weight" or not model.config.tie_embeddings)
         mixed = [name for name, r in rows.items() if len(r["stored_as"]) > 1]
         table = {"columns": ["scheme", "size MB", "bits/weight", "perplexity", "KL (nats)", "top-1 same",
@@ -415,7 +415,7 @@ class QuantBench(Benchmark):
                            f"{8 * r['bytes'] / n_weights:.2f}", f"{r['ppl']:.3f}", f"{r['kl']:.1e}",
                            f"{100 * r['top1']:.1f}%", ", ".join(f"{n} {k}" for k, n in r["stored_as"].items())]
                           for name, r in rows.items()]}
-        embedding = model.gguf.tensors["token_embd.weight"].type_name
+        embedding = model.source.tensors["token_embd.weight"].type_name
         notes = [f"{len(ids) - 1} next-token predictions on the first {len(ids)} tokens of {QUANT_TEXT}; the "
                  f"reference is the model as loaded (perplexity {ref.ppl:.3f}), so every figure is damage added to "
                  f"the file's own quantisation",

@@ -173,9 +173,9 @@ def kl_divergence(ref: np.ndarray, lp: np.ndarray) -> float:
 
 
 def _check(model, ids: np.ndarray) -> np.ndarray:
-    if model.backend != "numpy":
+    if model.backend_name != "numpy":
         raise ValueError(f"quantisation is evaluated on the NumPy backend's float32 weights; this model is on "
-                         f"{model.backend!r}: load it with llmrs.load(path, backend='numpy')")
+                         f"{model.backend_name!r}: load it with llmrs.load(path, backend='numpy')")
     ids = np.asarray(ids, dtype=np.int64).reshape(-1)
     if ids.size < 2:
         raise ValueError(f"the text has {ids.size} token(s): perplexity needs at least 2")
@@ -225,7 +225,7 @@ def evaluate(model, ids: np.ndarray | Sequence[int], scheme: Scheme | str, ref: 
         if tied:
             net.output = net.token_embd
     unused = {"output.weight"} if tied else set()  # a tied checkpoint may still store one
-    n_bytes = sum(stored.get(name, info.n_bytes) for name, info in model.gguf.tensors.items() if name not in unused)
+    n_bytes = sum(stored.get(name, info.n_bytes) for name, info in model.source.tensors.items() if name not in unused)
     return {"bytes": int(n_bytes), "ppl": perplexity(lp, ref.targets), "kl": kl_divergence(ref.log_probs, lp),
             "top1": float(np.mean(lp.argmax(axis=-1) == ref.log_probs.argmax(axis=-1))), "stored_as": stored_as}
 

@@ -461,9 +461,8 @@ class EngineLoop:
         for s in submissions:
             self._admit(engine, s, aborts)
         finished = [rid for rid in aborts if rid in self._streams]
-        aborted = [RequestOutput(rid, [], "", True, "abort") for rid in finished]
-        for rid, out in zip(finished, aborted):
-            engine.abort(rid)
+        aborted = self._abort_all(engine, finished)
+        for out in aborted:
             self._deliver(out)
         outputs: list[RequestOutput] = []
         if engine.has_unfinished():
@@ -589,10 +588,7 @@ class EngineLoop:
     def _fail_streams(self, engine: Engine, error: StreamError) -> None:
         """Abort every request in flight and end its stream with ``error`` (the drain timeout)."""
         streams = self._take_streams()
-        outputs = []
-        for rid in streams:
-            engine.abort(rid)
-            outputs.append(RequestOutput(rid, [], "", True, "abort"))
+        outputs = self._abort_all(engine, streams)
         self._end_streams(streams.values(), error)
         self._observe_quietly(engine, outputs)
         for rid in streams:
@@ -639,6 +635,15 @@ class EngineLoop:
         or with ``fail`` before it."""
         for stream in {id(s): s for s in streams}.values():
             _call_soon(stream.loop, stream.fail if fail else stream.put, error)
+
+    @staticmethod
+    def _abort_all(engine: Engine, request_ids: Iterable[str]) -> list[RequestOutput]:
+        """Abort each request; their ``"abort"`` outputs, in order (for ``on_step`` and the streams)."""
+        outputs = []
+        for rid in request_ids:
+            engine.abort(rid)
+            outputs.append(RequestOutput(rid, [], "", True, "abort"))
+        return outputs
 
     @staticmethod
     def _abort_quietly(engine: Engine, request_ids: Iterable[str]) -> None:

@@ -23,6 +23,7 @@ from llmrs_core.engine.engine import Engine
 from llmrs_core.kernels.cpu import int8
 from llmrs_core.kernels.cpu import matmul as kmatmul
 from llmrs_core.kernels.cpu.packing import pack_affine_q4, pack_q8
+from llmrs_core.kv_cache.paged import blocks_for
 
 pytestmark = pytest.mark.core
 
@@ -102,7 +103,7 @@ def test_a_tiny_models_greedy_requests_do_not_depend_on_their_batch(tiny, data):
     max_tokens = 5
     # a pool that fits the longest request and little more forces preemptions
     tight = data.draw(st.booleans(), label="tight pool")
-    blocks = max(-(-(len(p) + max_tokens) // 8) for p in prompts) + 2 if tight else 512
+    blocks = max(blocks_for(len(p) + max_tokens, 8) for p in prompts) + 2 if tight else 512
     alone = [run(Engine(net, tiny.tokenizer, prefix_caching=False), [p], max_tokens)[0] for p in prompts]
     engine = Engine(net, tiny.tokenizer, num_blocks=blocks, block_size=8, max_num_batched_tokens=budget)
     warm = run(engine, prompts[:1], max_tokens)  # the others may find its blocks cached
@@ -177,7 +178,7 @@ def test_smollm2_preempted_and_recomputed_gives_the_cold_tokens(smollm2, text_id
     preempted (the newest running request is the victim) when the older one grows, waits for
     the older one to finish, and is recomputed."""
     for n in LENGTHS:
-        need = -(-(n + TOKENS) // 16)
+        need = blocks_for(n + TOKENS, 16)
         # the whole prompt in one step: recomputed once, after the older request finishes
         engine = Engine(smollm2.network, smollm2.tokenizer, num_blocks=need, prefix_caching=False,
                         max_num_batched_tokens=1024)

@@ -54,7 +54,7 @@ def test_load_front_door(tmp_path):
     path = tmp_path / "tiny.gguf"
     write_tiny_llama(path, n_layers=3)
     model = llmrs.load(path)
-    assert model.config.n_layers == 3 and model.backend == "numba"  # the default since chapter 8
+    assert model.config.n_layers == 3 and model.backend_name == "numba"  # the default since chapter 8
     assert "params" in repr(model)
     with pytest.raises(ValueError, match="unknown backend 'tpu'"):
         llmrs.load(path, backend="tpu")

@@ -284,7 +284,7 @@ def test_a_micro_batched_pipeline_gives_each_prompt_its_greedy_tokens(tiny, pp):
     want = [whole.generate(p, max_tokens=7).token_ids for p in prompts]
 
     def body(comm):
-        part, plan = shard(whole.gguf, comm, 1, pp, micro_batched=True)
+        part, plan = shard(whole.source, comm, 1, pp, micro_batched=True)
         net = LlamaModel(part, part.config, get_backend("numpy"), plan=plan)
         return pipelined_greedy(net, plan, prompts, 7)
 

@@ -220,7 +220,7 @@ def test_numba_backend_on_float_weights(tmp_path):
 def test_numba_is_the_default_and_reports_its_threads(tiny_quantised):
     model = llmrs.load(tiny_quantised, threads=1)
     try:
-        assert model.backend == "numba"
+        assert model.backend_name == "numba"
         report = model.backend_report()
         assert "1 threads" in report and "layer" in report
     finally:

@@ -61,7 +61,7 @@ def test_generation_uses_the_learner_parts(workbook, tmp_path):
     write_tiny_llama(path)
     model = llmrs.load(path)
     backend = LearnerBackend(root=workbook)
-    net = LlamaModel(model.gguf, model.config, backend)
+    net = LlamaModel(model.source, model.config, backend)
     ids = [1, 2, 3, 4]
     assert not np.allclose(net.forward(ids), model.logits(ids)), "the learner's (wrong) RoPE must be used"
     sample = backend.sampler(llmrs.SamplingParams())
@@ -85,7 +85,7 @@ def test_untouched_stubs_fall_back_to_the_reference(tmp_path):
     reference = llmrs.load(path, backend="numpy")
     backend = LearnerBackend(root=tmp_path)
     assert all(part.source == "reference" for part in backend.parts.values())
-    net = LlamaModel(reference.gguf, reference.config, backend)
+    net = LlamaModel(reference.source, reference.config, backend)
     np.testing.assert_array_equal(net.forward([5, 6, 7]), reference.logits([5, 6, 7]))
 
 

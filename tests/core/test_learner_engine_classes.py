@@ -60,7 +60,7 @@ def learner_net(tmp_path, ch07: str):
     write_tiny_llama(path)
     model = llmrs.load(path, backend="numpy")
     backend = LearnerBackend(root=tmp_path)
-    return LlamaModel(model.gguf, model.config, backend), backend
+    return LlamaModel(model.source, model.config, backend), backend
 
 
 def test_written_classes_run_inside_the_engine(tmp_path):

@@ -108,7 +108,7 @@ def learner(tmp_path, reference, ch05: str) -> tuple[LlamaModel, LearnerBackend]
         (tmp_path / "chapters" / name / "exercises.py").write_text(textwrap.dedent(code))
     (tmp_path / "solutions").mkdir(exist_ok=True)
     backend = LearnerBackend(root=tmp_path)
-    return LlamaModel(reference.gguf, reference.config, backend, kv_cache=backend.engine_parts().kv_cache), backend
+    return LlamaModel(reference.source, reference.config, backend, kv_cache=backend.engine_parts().kv_cache), backend
 
 
 def greedy(net: LlamaModel, prompt: list[int]) -> list[int]:
@@ -170,7 +170,7 @@ def test_a_view_that_forgets_n_new_is_named_before_attention(tmp_path, reference
         pytest.importorskip("numba")
     learner(tmp_path, reference, WRITTEN + MISTAKES["view forgets n_new"][0])
     theirs = exercises(5, "learner", root=tmp_path).ContiguousKVCache
-    net = llmrs.load(reference.gguf.path, backend=backend_name).network
+    net = llmrs.load(reference.source.path, backend=backend_name).network
     cache = CheckedKVCache(theirs(net.config, 8), yours=True)
     with pytest.raises(CacheProtocolError) as e:
         net.forward([1, 2, 3], cache)

@@ -49,7 +49,7 @@ def net(tmp_path):
     model = llmrs.load(path, backend="numpy")
     backend = LearnerBackend(root=tmp_path)
     assert backend.parts["attention"].source == "yours" and backend.parts["matmul"].source == "yours"
-    return LlamaModel(model.gguf, model.config, backend)
+    return LlamaModel(model.source, model.config, backend)
 
 
 def test_a_wrong_shape_names_the_learners_function(net):

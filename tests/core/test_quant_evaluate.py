@@ -83,7 +83,7 @@ def test_a_scheme_equals_the_model_stored_in_that_type(tiny, tmp_path):
     assert r["kl"] == pytest.approx(kl, rel=1e-9, abs=bound)
     top1 = np.mean(want_logits.argmax(axis=1) == ref_logits.argmax(axis=1))
     assert r["top1"] == top1
-    assert r["bytes"] == sum(info.n_bytes for info in other.gguf.tensors.values()), \
+    assert r["bytes"] == sum(info.n_bytes for info in other.source.tensors.values()), \
         "the size must be the stored size of the same model written in Q8_0"
 
 
@@ -96,7 +96,7 @@ def test_more_bits_move_the_distributions_less(tiny):
 
 def test_bytes_are_the_types_blocks_times_the_weights(tiny):
     _, model, ids = tiny
-    infos = model.gguf.tensors
+    infos = model.source.tensors
     matrices = [i for name, i in infos.items() if name.startswith("blk.") and len(i.shape) == 2]
     vectors = [i for i in infos.values() if len(i.shape) == 1]
     embedding = infos["token_embd.weight"]

@@ -68,7 +68,7 @@ class InMemoryWeights(WeightSource):
 
 @pytest.mark.parametrize("backend", ["numpy", "numba"])
 def test_any_weight_source_loads_on_every_backend(tiny, backend):
-    arrays = {name: tiny.gguf.float32(name) for name in tiny.gguf.tensors}
+    arrays = {name: tiny.source.float32(name) for name in tiny.source.tensors}
     source = InMemoryWeights(arrays, tiny.config)
     model = llmrs.Model(source, backend=backend)
     ids = [1, 7, 3, 9, 2]
@@ -132,7 +132,7 @@ class RecordingBackend(NumpyBackend):
 
 def test_caches_live_in_the_backends_array_module_and_steps_are_announced(tiny):
     backend = RecordingBackend()
-    net = LlamaModel(tiny.gguf, tiny.config, backend)
+    net = LlamaModel(tiny.source, tiny.config, backend)
     cache = net.new_cache(8)
     layers, hkv, d = tiny.config.n_layers, tiny.config.n_kv_heads, tiny.config.head_dim
     assert backend.xp.allocations == [(layers, hkv, 8, d)] * 2, "K and V of the contiguous cache"
@@ -162,7 +162,7 @@ def test_a_batch_samples_with_the_backends_sampler(tiny, tmp_path):
         (tmp_path / "chapters" / folder / "exercises.py").write_text(textwrap.dedent(code))
     backend = LearnerBackend(root=tmp_path)
     assert backend.parts["sampler"].source == "yours"
-    net = LlamaModel(tiny.gguf, tiny.config, backend)
+    net = LlamaModel(tiny.source, tiny.config, backend)
     outs = Engine(net, None, num_blocks=8, block_size=4).generate([[1, 2], [5, 6, 7]], max_tokens=4)
     assert [o.token_ids for o in outs] == [[3, 3, 3, 3]] * 2, "the engine must use backend.sampler"
 
@@ -188,7 +188,7 @@ def byte_model(tmp_path_factory):
 
 
 def test_a_model_without_a_tokenizer_loads_and_runs_on_token_ids(tiny):
-    assert tiny.gguf.tokenizer() is None
+    assert tiny.source.tokenizer() is None
     assert tiny.logits([1, 2]).shape == (2, tiny.config.vocab_size)
     out = tiny.generate([1, 2], max_tokens=3)
     assert len(out.token_ids) == 3 and out.text == "" and out.finish_reason == "length"

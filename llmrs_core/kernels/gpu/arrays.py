@@ -60,6 +60,16 @@ def to_host(a: Any) -> np.ndarray:
     return xp().asnumpy(a)
 
 
+def out_array(out: Any, shape: tuple[int, ...]) -> Any:
+    """``out`` if given (checked: float32 of ``shape``), else a new float32 array of ``shape``:
+    the ``out=`` argument of every kernel wrapper."""
+    if out is None:
+        return xp().empty(shape, np.float32)
+    if tuple(out.shape) != tuple(shape) or out.dtype != np.float32:
+        raise ValueError(f"out must be float32 {tuple(shape)}; got {out.dtype} {tuple(out.shape)}")
+    return out
+
+
 def launch(kernel: Any, grid: int | tuple[int, ...], block: int | tuple[int, ...], *args: Any) -> None:
     """``kernel[grid, block](*args)``, on CuPy's current stream when on a GPU."""
     if runtime.simulator_enabled():
@@ -103,4 +113,4 @@ def grid_1d(n: int) -> tuple[int, int]:
     return max(1, min(max_blocks, -(-n // threads))), threads
 
 
-__all__ = ["GPU_LIMITS", "SIMULATOR_LIMITS", "limits", "grid_1d", "launch", "pow2_at_least", "pow2_at_most", "to_device", "to_host", "xp"]
+__all__ = ["GPU_LIMITS", "SIMULATOR_LIMITS", "limits", "grid_1d", "launch", "out_array", "pow2_at_least", "pow2_at_most", "to_device", "to_host", "xp"]

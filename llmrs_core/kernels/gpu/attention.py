@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from . import runtime
-from .arrays import launch, pow2_at_least, xp
+from .arrays import launch, out_array, pow2_at_least, xp
 
 cuda = runtime.cuda()
 
@@ -142,14 +142,6 @@ def _check(q: Any, hkv: int, d_head: int) -> None:
         raise ValueError(f"{q.shape[1]} query heads cannot share {hkv} KV heads evenly")
 
 
-def _out(out: Any, q: Any) -> Any:
-    if out is None:
-        return xp().empty_like(q)
-    if out.shape != q.shape or out.dtype != np.float32:
-        raise ValueError(f"out must be float32 {tuple(q.shape)}; got {out.dtype} {tuple(out.shape)}")
-    return out
-
-
 def paged_attention(q: Any, k_pool: Any, v_pool: Any, block_table: Any, seq_len: int, out: Any = None) -> Any:
     """Causal attention of ``q [Tq, Hq, D]`` (the last ``Tq`` of ``seq_len`` positions) over a
     sequence stored in the pools through ``block_table`` (as ``kv_cache.paged.paged_attention``)."""
@@ -160,7 +152,7 @@ def paged_attention(q: Any, k_pool: Any, v_pool: Any, block_table: Any, seq_len:
         raise ValueError(f"seq_len {seq_len} exceeds the {table.size} blocks of the table")
     if q.shape[0] > seq_len:
         raise ValueError(f"{q.shape[0]} queries but only {seq_len} positions")
-    out = _out(out, q)
+    out = out_array(out, q.shape)
     launch(paged_decode_kernel, (q.shape[1], q.shape[0]), pow2_at_least(seq_len, THREADS),
            q, k_pool, v_pool, table, np.int32(seq_len), out)
     return out
@@ -175,7 +167,7 @@ def contiguous_attention(q: Any, k: Any, v: Any, out: Any = None) -> Any:
     _check(q, k.shape[1], k.shape[2])
     if v.shape != k.shape or q.shape[0] > k.shape[0]:
         raise ValueError(f"expected k and v [Tk, Hkv, D] with Tk >= Tq; got {tuple(k.shape)}, {tuple(v.shape)}")
-    out = _out(out, q)
+    out = out_array(out, q.shape)
     tile = pow2_at_least(q.shape[0], THREADS)
     launch(flash_prefill_kernel, (-(-q.shape[0] // tile), q.shape[1]), tile, q, k, v, out)
     return out

@@ -19,7 +19,7 @@ import numpy as np
 
 from ...rope import rope_angles
 from . import runtime
-from .arrays import grid_1d, launch, limits, pow2_at_least, to_device, xp
+from .arrays import grid_1d, launch, limits, out_array, pow2_at_least, to_device, xp
 
 cuda = runtime.cuda()
 
@@ -93,21 +93,12 @@ def _f32(a: Any) -> Any:
     return xp().ascontiguousarray(a, dtype=np.float32)
 
 
-def _out(out: Any, like: Any) -> Any:
-    """``out`` if given (checked), else a new array shaped like ``like``."""
-    if out is None:
-        return xp().empty_like(like)
-    if out.shape != like.shape or out.dtype != np.float32:
-        raise ValueError(f"out must be float32 {tuple(like.shape)}; got {out.dtype} {tuple(out.shape)}")
-    return out
-
-
 def rms_norm_rows(x: Any, weight: Any, eps: float, out: Any = None) -> Any:
     """RMSNorm of every row of ``x [T, d]`` (as ``layers.rms_norm``)."""
     x = _f32(x)
     if x.ndim != 2 or weight.shape != (x.shape[1],):
         raise ValueError(f"x must be [T, d] and weight [d]; got {tuple(x.shape)}, {tuple(weight.shape)}")
-    out = _out(out, x)
+    out = out_array(out, x.shape)
     max_threads, max_blocks = limits()
     launch(rms_norm_kernel, min(x.shape[0], max_blocks), pow2_at_least(x.shape[1], max_threads),
            x, _f32(weight), np.float32(eps), out)
@@ -121,32 +112,31 @@ def rope_rotate(x: Any, positions: np.ndarray, theta: float, interleaved: bool =
     if x.ndim != 3 or positions.size != x.shape[0]:
         raise ValueError(f"x must be [T, H, D] with one position per token; got {tuple(x.shape)}, {positions.size}")
     cos, sin = rope_angles(positions, x.shape[-1], theta)
-    out = _out(out, x)
+    out = out_array(out, x.shape)
     blocks, threads = grid_1d(x.size // 2)
     launch(rope_kernel, blocks, threads, x, to_device(cos), to_device(sin), bool(interleaved), out)
     return out
 
 
+def _pairwise(kernel: Any, a: Any, b: Any, out: Any, names: str) -> Any:
+    """``kernel(a, b, out)``, one thread per element, for two float32 arrays of one ``[T, n]`` shape."""
+    a, b = _f32(a), _f32(b)
+    if a.shape != b.shape or a.ndim != 2:
+        raise ValueError(f"{names} must be the same [T, n]; got {tuple(a.shape)}, {tuple(b.shape)}")
+    out = out_array(out, a.shape)
+    blocks, threads = grid_1d(a.size)
+    launch(kernel, blocks, threads, a, b, out)
+    return out
+
+
 def swiglu_rows(gate: Any, up: Any, out: Any = None) -> Any:
     """``silu(gate) * up`` for ``gate, up [T, f]`` (as ``layers.swiglu``)."""
-    gate, up = _f32(gate), _f32(up)
-    if gate.shape != up.shape or gate.ndim != 2:
-        raise ValueError(f"gate and up must be the same [T, f]; got {tuple(gate.shape)}, {tuple(up.shape)}")
-    out = _out(out, gate)
-    blocks, threads = grid_1d(gate.size)
-    launch(swiglu_kernel, blocks, threads, gate, up, out)
-    return out
+    return _pairwise(swiglu_kernel, gate, up, out, "gate and up")
 
 
 def add_rows(a: Any, b: Any, out: Any = None) -> Any:
-    """``a + b`` for ``a, b [T, d]``."""
-    a, b = _f32(a), _f32(b)
-    if a.shape != b.shape or a.ndim != 2:
-        raise ValueError(f"cannot add {tuple(a.shape)} and {tuple(b.shape)} (two [T, d] arrays)")
-    out = _out(out, a)
-    blocks, threads = grid_1d(a.size)
-    launch(add_kernel, blocks, threads, a, b, out)
-    return out
+    """``a + b`` for ``a, b [T, d]`` (the residual connection)."""
+    return _pairwise(add_kernel, a, b, out, "the two terms of a sum")
 
 
 KERNELS = [

@@ -27,7 +27,7 @@ import numpy as np
 from ...quant.dequant import fp16_field, split_blocks
 from ...quant.types import GGMLType
 from . import runtime
-from .arrays import grid_1d, launch, limits, pow2_at_least, to_device, xp
+from .arrays import grid_1d, launch, limits, out_array, pow2_at_least, to_device, xp
 
 cuda = runtime.cuda()
 
@@ -276,10 +276,7 @@ def matvec(x: Any, w: DeviceMatrix, out: Any | None = None) -> Any:
     x = xp().ascontiguousarray(x, dtype=np.float32)
     if x.ndim != 2 or x.shape[1] != w.cols:
         raise ValueError(f"x must be [T, {w.cols}] for a [{w.rows}, {w.cols}] matrix; got {tuple(x.shape)}")
-    if out is None:
-        out = xp().empty((x.shape[0], w.rows), np.float32)
-    elif out.shape != (x.shape[0], w.rows) or out.dtype != np.float32:
-        raise ValueError(f"out must be float32 [{x.shape[0]}, {w.rows}]; got {out.dtype} {tuple(out.shape)}")
+    out = out_array(out, (x.shape[0], w.rows))
     grid, block = geometry(w.cols // BLOCK if w.kind != "f32" else w.cols, w.rows, x.shape[0])
     if w.kind == "q4_1":
         launch(q4_1_matvec_kernel, grid, block, w.qs, w.d, w.m, x, out)

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from . import runtime
-from .arrays import grid_1d, launch, xp
+from .arrays import grid_1d, launch, out_array, xp
 from .matvec import BLOCK, MAX_THREADS, DeviceMatrix, geometry
 
 cuda = runtime.cuda()
@@ -107,8 +107,7 @@ def matvec_int8(x: Any, w: DeviceMatrix, out: Any | None = None) -> Any:
     xq, xd, xs = quantize_activations(x)
     if xq.shape[1] != w.cols:
         raise ValueError(f"x must be [T, {w.cols}] for a [{w.rows}, {w.cols}] matrix; got {tuple(xq.shape)}")
-    if out is None:
-        out = xp().empty((xq.shape[0], w.rows), np.float32)
+    out = out_array(out, (xq.shape[0], w.rows))
     grid, block = geometry(w.cols // BLOCK, w.rows, xq.shape[0])
     launch(q4_1_q8_1_matvec_kernel, grid, block, w.qs, w.d, w.m, xq, xd, xs, out)
     return out
