@@ -198,12 +198,7 @@ PORTABLE_CPUS := haswell generic
 # batch invariance, which compares the engine with itself on one target (each row computed alone is the
 # code's structure, not a target's rounding; test-solutions holds it); the chat templates, the vocab
 # fetch and the family fixtures' self-checks (text and NumPy only), and the quantisation codecs and mixes
-# (NumPy's arithmetic, which the Numba target does not change; the Numba kernels' side is test_quant_kernels):
-# the codecs' own tests (floats, integers, k-quants) and the mixes' byte-for-byte quantiser and dequantiser
-# checks (their logits tests stay); the module docstrings and the import rules (rooms, cycles, the CLI's
-# table), and the readers of GGUF, safetensors and torch .bin files and the output stream (bytes, no floats);
-# `llmrs bench speed`'s report (its fields, not its numbers), and prefix hits and preemption leaving the
-# tokens unchanged (the engine against itself on one target, as batch invariance above)
+# (NumPy's arithmetic, which the Numba target does not change; the Numba kernels' side is test_quant_kernels)
 PORTABLE_SKIP := --ignore-glob='tests/core/test_tokenizer*' --ignore-glob='tests/core/test_workbook_*' \
                  --ignore-glob='tests/core/test_server*' --ignore-glob='tests/core/test_bench_*' \
                  --ignore-glob='tests/core/test_ab_*' --ignore-glob='tests/core/test_cost*' \
@@ -216,30 +211,7 @@ PORTABLE_SKIP := --ignore-glob='tests/core/test_tokenizer*' --ignore-glob='tests
                  --ignore=tests/core/test_distributed_mpi.py --ignore=tests/core/test_batch_invariance.py \
                  --ignore-glob='tests/core/test_chat_template*' --ignore=tests/core/test_vocab_fetch.py \
                  --ignore=tests/core/test_family_fixtures.py --ignore=tests/core/test_quant_types.py \
-                 --ignore=tests/core/test_check_env.py --ignore=tests/core/test_make_lab.py \
-                 --ignore=tests/core/test_quant_floats.py --ignore=tests/core/test_quant_integer.py \
-                 --ignore=tests/core/test_kquants.py \
-                 --deselect=tests/core/test_quant_mixes.py::test_our_quantiser_writes_llamacpps_bytes \
-                 --deselect=tests/core/test_quant_mixes.py::test_our_dequantiser_gives_gguf_pys_floats \
-                 --ignore=tests/core/test_module_docstrings.py --ignore=tests/core/test_rooms.py \
-                 --ignore=tests/core/test_package_cycles.py --ignore=tests/core/test_cli_package.py \
-                 --ignore=tests/core/test_format_cycles.py --ignore=tests/core/test_gguf_reader.py \
-                 --ignore=tests/core/test_safetensors.py --ignore=tests/core/test_torch_bin.py \
-                 --ignore=tests/core/test_output_stream.py \
-                 --deselect=tests/core/test_cli.py::test_bench_speed_reports_pp_and_tg \
-                 --deselect=tests/core/test_engine.py::test_smollm2_prefix_hit_and_preemption_do_not_change_outputs
-# The haswell leg runs where this CPU has AVX-512, and checks there what only Numba's 8-lane FMA code can
-# change. Both legs run OpenBLAS on the same core type (OPENBLAS_CORETYPE above), so a test that calls
-# no Numba-compiled function computes the same bits in both legs: the generic leg runs it, the haswell
-# leg leaves it out. Found by recording every call into, and every compilation of, a Numba dispatcher
-# while tests/core ran (12-04): none in these files. The attention, KV-cache eviction and quantisation
-# evaluation arithmetic on NumPy and BLAS; the diagnoses of chapters 3-7 (NumPy exercises); the learner's
-# engine classes and outputs (the NumPy backend)
-PORTABLE_SKIP_HASWELL := --ignore=tests/core/test_attention.py --ignore=tests/core/test_eviction.py \
-                         --ignore=tests/core/test_quant_evaluate.py --ignore=tests/core/test_diagnose_ch03.py \
-                         --ignore=tests/core/test_diagnose_ch04.py --ignore=tests/core/test_diagnose_ch05.py \
-                         --ignore=tests/core/test_diagnose_ch06.py --ignore=tests/core/test_diagnose_ch07.py \
-                         --ignore=tests/core/test_learner_engine_classes.py --ignore=tests/core/test_learner_outputs.py
+                 --ignore=tests/core/test_check_env.py --ignore=tests/core/test_make_lab.py
 test-portable: fetch
 	@total=$$(date +%s); \
 	avx2=$$($(PY) -c 'import llvmlite.binding as l; f = l.get_host_cpu_features(); print(int(f.get("avx2", False) and f.get("fma", False)))' 2>/dev/null); \
@@ -250,10 +222,9 @@ test-portable: fetch
 	  if [ $$cpu = haswell ] && [ "$$avx512" != 1 ] && [ -z "$(PORTABLE_ALL)" ]; then \
 	    echo "test-portable: skipping haswell, this CPU's own target is AVX2 without AVX-512: test-solutions ran that arithmetic (PORTABLE_ALL=1 runs it)"; continue; fi; \
 	  cache=build/numba-cache-$$cpu; rm -rf $$cache && mkdir -p $$cache; \
-	  only_numba=$$( [ $$cpu = haswell ] && echo "$(PORTABLE_SKIP_HASWELL)" ); \
 	  echo "test-portable: NUMBA_CPU_NAME=$$cpu, OPENBLAS_CORETYPE=$${blas:-unset}"; start=$$(date +%s); \
 	  $(SINGLE_THREAD) env $${blas:+OPENBLAS_CORETYPE=$$blas} NUMBA_CPU_NAME=$$cpu NUMBA_CPU_FEATURES= NUMBA_CACHE_DIR=$$cache \
-	    $(PYTEST) tests/core tests/ch08 $(PORTABLE_SKIP) $$only_numba -q --no-header --impl solutions || exit 1; \
+	    $(PYTEST) tests/core tests/ch08 $(PORTABLE_SKIP) -q --no-header --impl solutions || exit 1; \
 	  echo "test-portable: NUMBA_CPU_NAME=$$cpu passed in $$(( $$(date +%s) - start )) s"; \
 	done; \
 	echo "test-portable: all passed in $$(( $$(date +%s) - total )) s"
