@@ -8,6 +8,7 @@
 #   make progress              every exercise: not started, in progress, failing or passing; used by the engine?
 #   make reset E=1.6           put back the stubs of one exercise (your file is backed up first)
 #   make test-portable         the engine's numeric tests with Numba compiling for haswell, then generic
+#   make test-slow             the real-model integration checks make test leaves out (pytest -m slow)
 #   make nbval-portable        the notebooks of chapters 3-11 and appendix B with Numba compiling for haswell (run after editing one)
 #   make fetch-vocab           llama.cpp's vocab test files into .cache/llama-vocab (make test fetches them)
 #   make check-env             [OK]/[FAIL] for Python, dependencies, model, GPU
@@ -36,7 +37,7 @@ NBVAL_TIMEOUT ?= 300
 SINGLE_THREAD := OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 
 .DEFAULT_GOAL := help
-.PHONY: help setup lab demo fetch fetch-vocab test test-solutions test-gpu gpu-check full-size-check test-engine test-portable check-stubs nbval lint format \
+.PHONY: help setup lab demo fetch fetch-vocab test test-solutions test-slow test-gpu gpu-check full-size-check test-engine test-portable check-stubs nbval lint format \
         test-chapter test-exercise progress reset check-env notebooks bench bench-tokenizer bench-throughput bench-serve bench-all clean \
         observe container container-test container-test-learner
 
@@ -50,7 +51,7 @@ ifeq (test-chapter,$(firstword $(MAKECMDGOALS)))
 endif
 
 help:
-	@sed -n '1,20p' Makefile | sed 's/^# \{0,1\}//'
+	@sed -n '1,21p' Makefile | sed 's/^# \{0,1\}//'
 
 # -- set-up ---------------------------------------------------------------
 
@@ -137,9 +138,17 @@ format: setup
 	$(VENV)/bin/ruff format llmrs_core solutions tests scripts
 	$(VENV)/bin/ruff check --fix .
 
-# exercise tests against the solutions, plus the engine tests (tests/core); tests/gpu runs in test-gpu
+# exercise tests against the solutions, plus the engine tests (tests/core); tests/gpu runs in test-gpu,
+# the tests marked slow in test-slow
 test-solutions: fetch fetch-vocab
-	$(SINGLE_THREAD) $(PYTEST) tests -q --no-header --impl solutions --ignore=tests/gpu
+	$(SINGLE_THREAD) $(PYTEST) tests -q --no-header --impl solutions --ignore=tests/gpu -m "not slow"
+
+# real-model integration checks kept out of `make test` for its 25 minutes, each with a fast test of the
+# same property in make test (the marker's rule): SmolLM2's batch-invariance cases of issue 26
+# (tests/core/test_batch_invariance.py; the tiny model's property test stays). Run it after a change
+# to the engine, the scheduler, the KV cache or a kernel; about 3 minutes on 2 cores
+test-slow: fetch
+	$(SINGLE_THREAD) $(PYTEST) tests -q --no-header --impl solutions --ignore=tests/gpu -m slow
 
 # the GPU kernels and the cuda backend (chapter 9), in a process of their own: on a GPU if the driver
 # has one, else in numba-cuda's CUDA simulator (chosen before numba.cuda is imported), plus every

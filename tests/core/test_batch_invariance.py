@@ -9,6 +9,11 @@ these tests compare tokens and log-probabilities for equality, with no tolerance
 
 One machine: a token's bits may differ on another CPU (AVX2 against AVX-512 reductions); the
 tests compare runs in one process.
+
+The SmolLM2 cases (issue 26) are marked ``slow``: ``make test-slow`` runs them (365 s of the file's
+395 s, measured on 2 busy cores); ``make test`` keeps the tiny model's property test, which
+draws the same cases (shared prefixes, chunk budgets, batches, tight pools, prompts past
+``INT8_ROWS``) and compares tokens and log-probabilities as exactly.
 """
 
 from __future__ import annotations
@@ -141,6 +146,7 @@ def cold(smollm2, text_ids):
 
 @needs_int8
 @pytest.mark.model
+@pytest.mark.slow
 def test_smollm2_warm_prefix_cache_gives_the_cold_tokens(smollm2, text_ids, cold):
     engine = Engine(smollm2.network, smollm2.tokenizer)
     run(engine, [text_ids[: n // 2 + 5] for n in LENGTHS], 4)  # caches the first half of each prompt
@@ -152,6 +158,7 @@ def test_smollm2_warm_prefix_cache_gives_the_cold_tokens(smollm2, text_ids, cold
 
 @needs_int8
 @pytest.mark.model
+@pytest.mark.slow
 def test_smollm2_chunked_prefill_gives_the_cold_tokens(smollm2, text_ids, cold):
     for n in LENGTHS:
         engine = Engine(smollm2.network, smollm2.tokenizer, max_num_batched_tokens=64, prefix_caching=False)
@@ -161,6 +168,7 @@ def test_smollm2_chunked_prefill_gives_the_cold_tokens(smollm2, text_ids, cold):
 
 @needs_int8
 @pytest.mark.model
+@pytest.mark.slow
 def test_smollm2_batched_with_others_gives_the_cold_tokens(smollm2, text_ids, cold):
     """The three prompts together with 7 others of mixed lengths (short and past INT8_ROWS)."""
     others = [text_ids[700 + 37 * i: 700 + 37 * i + n] for i, n in enumerate((30, 90, 150, 260, 8, 400, 55))]
@@ -173,6 +181,7 @@ def test_smollm2_batched_with_others_gives_the_cold_tokens(smollm2, text_ids, co
 
 @needs_int8
 @pytest.mark.model
+@pytest.mark.slow
 def test_smollm2_preempted_and_recomputed_gives_the_cold_tokens(smollm2, text_ids, cold):
     """A pool of exactly the request's own needs: admitted beside an older, short request, it is
     preempted (the newest running request is the victim) when the older one grows, waits for

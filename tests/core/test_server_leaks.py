@@ -1,12 +1,14 @@
-"""`llmrs serve` under sustained load (chapter 11): 1,000 short requests, a tenth of them dropped by
+"""`llmrs serve` under sustained load (chapter 11): 500 short requests, a tenth of them dropped by
 their client mid-stream, leave nothing behind (vLLM #22736 is the failure this guards against).
 
 Checked afterwards, exactly: the KV pool is back to free blocks plus the prefix cache's evictable
 ones; the engine, its scheduler and the engine loop hold no request; no ``ResponseStream``,
 ``Request`` or ``OutputStream`` object is alive (that catches a leak of any size in the request
-path). And, loosely, the process's resident memory: its growth over the second 500 requests
-stays under 8 MB, which a leak of 16 KB or more per request (a buffer kept, not an object)
-crosses; 0.9 MB was measured here.
+path), whatever the number of requests. And, loosely, the process's resident memory: its growth
+over the second half of the requests stays under 16 KB a request (4 MB for 250), which a leak of
+16 KB or more per request (a buffer kept, not an object) crosses; growth measured without a leak
+(the arenas still warming up): 1.2-1.4 MB over the second 250 of 500 requests, 0.8-0.9 MB over the
+second 500 of 1,000.
 """
 
 from __future__ import annotations
@@ -28,7 +30,8 @@ from llmrs_core.output import OutputStream  # noqa: E402
 from llmrs_core.server import BackgroundServer, ResponseStream, create_app  # noqa: E402
 from llmrs_core.testing import write_tiny_llama  # noqa: E402
 
-N_REQUESTS = 1000
+N_REQUESTS = 500
+LEAK_PER_REQUEST = 16 * 2**10  # bytes: the smallest buffer leak the memory check must see
 DROPPED_EVERY = 10  # every 10th client reads one chunk and disconnects
 CONCURRENCY = 16
 WAIT = 120.0
@@ -86,7 +89,7 @@ async def load(url: str, ids: range) -> tuple[int, int]:
 
 @pytest.mark.skipif(not hasattr(resource, "getpagesize") or not __import__("os").path.exists("/proc/self/statm"),
                     reason="reads resident memory from /proc (Linux)")
-def test_a_thousand_requests_with_disconnects_leave_nothing_behind(tmp_path):
+def test_five_hundred_requests_with_disconnects_leave_nothing_behind(tmp_path):
     path = tmp_path / "tiny.gguf"
     write_tiny_llama(path, byte_tokenizer=True, seed=5)
     model = llmrs.load(path, backend="numpy")
@@ -116,7 +119,8 @@ def test_a_thousand_requests_with_disconnects_leave_nothing_behind(tmp_path):
         assert not engine.scheduler.running
         left = new_since(before)
         assert not left, f"objects of finished requests are still alive: {sorted(left)}"
-    # 8 MB / 500 requests = 16 KB a request; the allocator's arenas and the HTTP stack's buffers
-    # account for the growth measured without a leak (0.9 MB)
-    growth = rss_end - rss_half
-    assert growth < 8 * 2**20, f"resident memory grew {growth / 2**20:.1f} MB over the second 500 requests"
+    # the allocator's arenas and the HTTP stack's buffers account for the growth measured without a
+    # leak (1.2-1.4 MB over the second 250 requests)
+    growth, limit = rss_end - rss_half, LEAK_PER_REQUEST * (N_REQUESTS - half)
+    assert growth < limit, (f"resident memory grew {growth / 2**20:.1f} MB over the second {N_REQUESTS - half} "
+                            f"requests (at most {limit / 2**20:.0f} MB)")
