@@ -10,8 +10,7 @@ Int8 path (default with AVX2, ``int8.int8_unavailable``): llama.cpp's int8 arith
 (``kernels.cpu.int8``) from an int8 copy of each quantised matrix, the only copy kept (the packed
 arrays are freed; an embedding's rows are dequantised from the file's bytes). It agrees with
 llama.cpp (top-5 rule), not with NumPy; ``exact=True`` (``--exact``) keeps the float kernels, which do.
-Opt-in (``compiled_decode=True``, ``LLMRS_COMPILED_DECODE=1``): a decode step runs its layers in one
-compiled call (``backends.numba_decode``), the loop's kernels in its order, equal to float32 rounding.
+Opt-in, decode steps in one compiled call: ``backends.numba_decode`` (``LLMRS_COMPILED_DECODE=1``).
 
 Batch invariance, the int8 path's contract: a token's numbers depend only on its own
 sequence and position, never on the step that computes them: every kernel computes each row
