@@ -3,8 +3,7 @@
 Weights stay quantised in memory (SmolLM2: about 110 MB instead of the NumPy backend's 540 MB of
 float32), repacked once at load into the layout of ``llmrs_core.kernels.cpu.packing``. A decode step
 multiplies straight from the 4- and 8-bit codes (``kernels.cpu.matmul``); prompt processing dequantises
-a band of rows at a time and lets BLAS multiply. The small operations are single-pass Numba kernels
-(``kernels.cpu.ops``).
+a band of rows at a time and lets BLAS multiply; the small operations are ``kernels.cpu.ops``.
 
 Int8 path (default with AVX2, ``int8.int8_unavailable``): llama.cpp's int8 arithmetic
 (``kernels.cpu.int8``) from an int8 copy of each quantised matrix, the only copy kept (the packed
