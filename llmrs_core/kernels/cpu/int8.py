@@ -731,43 +731,46 @@ _NO_SCALES = np.zeros((1, 8), np.uint8)  # integer sub-block scales: Q4_K's and 
 
 
 @njit(cache=True, inline="always")
-def _rows_x4(form, qs, d, m, qh, sc, mn, xq, xd, xs, xsum, out, g, t):
-    """Group ``g`` of the weight rows against activation rows ``t .. t + 3``, by ``form``."""
+def _rows(form, four, qs, d, m, qh, sc, mn, xq, xd, xs, xsum, out, g, t):
+    """Group ``g`` of the weight rows against activation rows ``t .. t + 3`` (``four``) or ``t`` alone,
+    by ``form``: the form's row dot products."""
     if form == FORM_Q4:
-        q4_rows_dot_x4(qs, d, m, xq, xd, xs, out, g, t)
+        if four:
+            q4_rows_dot_x4(qs, d, m, xq, xd, xs, out, g, t)
+        else:
+            q4_rows_dot(qs, d, m, xq, xd, xs, out, g, t)
     elif form == FORM_Q4K:
-        q4k_rows_dot_x4(qs, d, m, sc, mn, xq, xd, xs, out, g, t)
+        if four:
+            q4k_rows_dot_x4(qs, d, m, sc, mn, xq, xd, xs, out, g, t)
+        else:
+            q4k_rows_dot(qs, d, m, sc, mn, xq, xd, xs, out, g, t)
     elif form == FORM_Q8:
-        q8_rows_dot_x4(qs, d, xq, xd, out, g, t)
+        if four:
+            q8_rows_dot_x4(qs, d, xq, xd, out, g, t)
+        else:
+            q8_rows_dot(qs, d, xq, xd, out, g, t)
     elif form == FORM_Q8A:
-        q8a_rows_dot_x4(qs, d, m, xq, xd, xs, out, g, t)
+        if four:
+            q8a_rows_dot_x4(qs, d, m, xq, xd, xs, out, g, t)
+        else:
+            q8a_rows_dot(qs, d, m, xq, xd, xs, out, g, t)
     elif form == FORM_Q8A16:
-        q8a_16_rows_dot_x4(qs, d, m, xq, xd, xs, out, g, t)
+        if four:
+            q8a_16_rows_dot_x4(qs, d, m, xq, xd, xs, out, g, t)
+        else:
+            q8a_16_rows_dot(qs, d, m, xq, xd, xs, out, g, t)
     elif form == FORM_Q5_0:
-        q5_0_rows_dot_x4(qs, qh, d, sc, xq, xd, xsum, out, g, t)
+        if four:
+            q5_0_rows_dot_x4(qs, qh, d, sc, xq, xd, xsum, out, g, t)
+        else:
+            q5_0_rows_dot(qs, qh, d, sc, xq, xd, xsum, out, g, t)
     elif form == FORM_Q6_K:
-        q6_k_rows_dot_x4(qs, qh, d, sc, xq, xd, xsum, out, g, t)
-    else:
+        if four:
+            q6_k_rows_dot_x4(qs, qh, d, sc, xq, xd, xsum, out, g, t)
+        else:
+            q6_k_rows_dot(qs, qh, d, sc, xq, xd, xsum, out, g, t)
+    elif four:
         q3_k_rows_dot_x4(qs, qh, d, sc, xq, xd, xsum, out, g, t)
-
-
-@njit(cache=True, inline="always")
-def _rows_x1(form, qs, d, m, qh, sc, mn, xq, xd, xs, xsum, out, g, t):
-    """:func:`_rows_x4` for the one activation row ``t``."""
-    if form == FORM_Q4:
-        q4_rows_dot(qs, d, m, xq, xd, xs, out, g, t)
-    elif form == FORM_Q4K:
-        q4k_rows_dot(qs, d, m, sc, mn, xq, xd, xs, out, g, t)
-    elif form == FORM_Q8:
-        q8_rows_dot(qs, d, xq, xd, out, g, t)
-    elif form == FORM_Q8A:
-        q8a_rows_dot(qs, d, m, xq, xd, xs, out, g, t)
-    elif form == FORM_Q8A16:
-        q8a_16_rows_dot(qs, d, m, xq, xd, xs, out, g, t)
-    elif form == FORM_Q5_0:
-        q5_0_rows_dot(qs, qh, d, sc, xq, xd, xsum, out, g, t)
-    elif form == FORM_Q6_K:
-        q6_k_rows_dot(qs, qh, d, sc, xq, xd, xsum, out, g, t)
     else:
         q3_k_rows_dot(qs, qh, d, sc, xq, xd, xsum, out, g, t)
 
@@ -800,7 +803,7 @@ def int8_matmul(form, qs, d, m, qh, sc, mn, xq, xd, xs):
     rows four at a time (:data:`X_ROWS`: each loaded weight word serves all four), then the
     rest one by one, so the group's bytes come from memory once per chunk and from L1 for
     the other rows, and the chunk's activations stay in L1. Which row dot products a piece
-    runs is the form's (:func:`_rows_x4`): one loop for every form.
+    runs is the form's (:func:`_rows`): one loop for every form.
     """
     groups, t_count = qs.shape[0], xq.shape[0]
     out = np.empty((t_count, groups * GROUP_ROWS), np.float32)
@@ -810,10 +813,10 @@ def int8_matmul(form, qs, d, m, qh, sc, mn, xq, xd, xs):
         chunk, g = piece // groups, piece % groups
         t, stop = chunk * CHUNK_ROWS, min(t_count, (chunk + 1) * CHUNK_ROWS)
         while t + X_ROWS <= stop:
-            _rows_x4(form, qs, d, m, qh, sc, mn, xq, xd, xs, xsum, out, g, t)
+            _rows(form, True, qs, d, m, qh, sc, mn, xq, xd, xs, xsum, out, g, t)
             t += X_ROWS
         while t < stop:
-            _rows_x1(form, qs, d, m, qh, sc, mn, xq, xd, xs, xsum, out, g, t)
+            _rows(form, False, qs, d, m, qh, sc, mn, xq, xd, xs, xsum, out, g, t)
             t += 1
     return out
 
