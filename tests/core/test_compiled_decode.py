@@ -106,16 +106,18 @@ def requantized(tmp_path_factory):
     return make
 
 
+@pytest.mark.slow  # the opt-in step compiles for a minute in a fresh cache: make test-slow
 @pytest.mark.parametrize("family", COMPILED)
 @pytest.mark.parametrize("target", ["q8_0", "q4_1"])
-def test_every_family_decodes_compiled_to_the_loops_bits(requantized, family, target):
+def test_every_family_decodes_compiled_like_the_loop(requantized, family, target):
     model = requantized(family, target)
     assert model.network.decode is not None, f"{family} in {target}: the numba backend built no compiled step"
     assert_agrees(model.network, list(range(3, 40)), f"{family} in {target}")
 
 
+@pytest.mark.slow  # the opt-in step compiles for a minute in a fresh cache: make test-slow
 @pytest.mark.parametrize("weight_type", ["q4_0", "q5_0", "q4_k", "q6_k", "q3_k", "q5_1", "q2_k"])
-def test_every_int8_copy_form_decodes_compiled_to_the_loops_bits(tmp_path, weight_type):
+def test_every_int8_copy_form_decodes_compiled_like_the_loop(tmp_path, weight_type):
     """Q4 (Q4_0), Q5_0's planes, Q4_K's scales, Q6_K's and Q3_K's planes, and the unsigned "q8a" form
     (Q5_1's 32-weight blocks, Q2_K's 16): each form's branch of the one int8 driver."""
     path = tmp_path / "tiny.gguf"
@@ -126,6 +128,7 @@ def test_every_int8_copy_form_decodes_compiled_to_the_loops_bits(tmp_path, weigh
     assert_agrees(model.network, list(range(1, 30)), weight_type)
 
 
+@pytest.mark.slow  # the opt-in step compiles for a minute in a fresh cache: make test-slow
 def test_batched_decode_in_the_engine_takes_the_compiled_step(requantized):
     """Several sequences decoding together in the engine's pool, one row each: the compiled step
     takes those steps, and each sequence's log-probability of its greedy tokens stays within
@@ -167,6 +170,7 @@ def test_families_it_does_not_take_keep_the_loop(requantized):
     assert model.generate(list(range(3, 12)), max_tokens=4).token_ids
 
 
+@pytest.mark.slow  # the opt-in step compiles for a minute in a fresh cache: make test-slow
 def test_a_full_contiguous_cache_still_raises_in_the_loop(tmp_path):
     """The compiled step refuses a step that does not fit (it writes nothing), so the loop raises
     CacheFullError as before, and the cache is as it was."""
