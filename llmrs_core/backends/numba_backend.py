@@ -51,7 +51,7 @@ from ..kernels.cpu.int8 import (
     int8_unavailable,
     matmul_int8,
 )
-from ..kernels.cpu.packing import PackedMatrix, fuse, pack_float, pack_raw, unsigned_parts
+from ..kernels.cpu.packing import PackedMatrix, fuse, fused_whole, pack_float, pack_raw, unsigned_parts
 from ..kernels.cpu.threads import BlasThreads, describe, set_threads
 from ..quant.types import GGMLType
 from ..rope import rope_frequencies
@@ -178,8 +178,8 @@ class NumbaBackend(Backend):
         return fused
 
     def matmul_many(self, x: np.ndarray, ws: list[PackedMatrix]) -> list[np.ndarray]:
-        whole = ws[0].fused
-        if whole is not None and all(w.fused is whole for w in ws) and sum(w.rows for w in ws) == whole.rows:
+        whole = fused_whole(ws)
+        if whole is not None:
             y = self.matmul(x, whole)
             start, parts = 0, []
             for w in ws:

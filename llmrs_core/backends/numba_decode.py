@@ -22,6 +22,7 @@ import numpy as np
 from ..kernels.cpu.activations import SCHEME_CODE
 from ..kernels.cpu.decode import Layer, Matrix, decode_layers, layer_list
 from ..kernels.cpu.int8 import Int8Rows
+from ..kernels.cpu.packing import fused_whole
 from ..kv_cache.contiguous import ContiguousKVCache
 from .base import DecodeProgram
 
@@ -58,9 +59,8 @@ def _together(parts: list[PackedMatrix | None]) -> tuple[Matrix, list[Matrix]] |
         return None
     if len(present) == 1:  # stored fused (Phi-3)
         return _matrix(present[0].int8), [_NO_MATRIX] * (len(parts) - 1)
-    whole = present[0].fused
-    if whole is not None and whole.int8 is not None and all(p.fused is whole for p in present) \
-            and sum(p.rows for p in present) == whole.rows:
+    whole = fused_whole(present)
+    if whole is not None and whole.int8 is not None:
         return _matrix(whole.int8), [_NO_MATRIX] * len(parts)
     return _NO_MATRIX, [_matrix(p.int8) for p in present]
 

@@ -261,5 +261,14 @@ def fuse(parts: list[PackedMatrix]) -> list[PackedMatrix] | None:
     return views
 
 
-__all__ = ["BLOCK", "KERNEL_FORMS", "LANES", "UNSIGNED_FORMS", "PackedMatrix", "fuse", "pack_affine_q4", "pack_float",
+def fused_whole(parts: list[PackedMatrix]) -> PackedMatrix | None:
+    """The matrix :func:`fuse` stacked ``parts`` into, when they are all of it (one product of the whole
+    computes every part), else None."""
+    whole = parts[0].fused
+    if whole is not None and all(p.fused is whole for p in parts) and sum(p.rows for p in parts) == whole.rows:
+        return whole
+    return None
+
+
+__all__ = ["BLOCK", "KERNEL_FORMS", "LANES", "UNSIGNED_FORMS", "PackedMatrix", "fuse", "fused_whole", "pack_affine_q4", "pack_float",
            "pack_q8", "pack_raw", "unsigned_parts"]
