@@ -24,6 +24,9 @@ Steps, per shape, each in its own process so that one model is in memory at a ti
     gguf      convert_hf_to_gguf.py --outtype f32 (the sdist's gguf-py first on PYTHONPATH)
     quantize  llama_cpp.llama_model_quantize -> <shape>.Q4_K_M.gguf; the f32 GGUF and the
               HF dir are deleted unless --keep (they are 2-5 GB each)
+    q8_0      for the shapes in Q8_0_SHAPES (Llama-3.2-1B): <shape>.Q8_0.gguf for issue 30's
+              benchmark, by llama.cpp's quantiser from the f32 GGUF, or from the Q4_K_M file
+              (requantised: the weights are random, the file's types and sizes are what count)
     llamacpp  llama.cpp: n_ctx 512, F32 KV cache (type_k = type_v = 0), flash_attn off,
               2 threads; 16 greedy tokens, each step's top 5, the first step's logits
     engine    llmrs_core.load(path) (--backend numba, the default int8 path, or numpy):
@@ -75,6 +78,8 @@ N_GREEDY = 16
 N_CTX = 512
 THREADS = 2
 QUANT = "Q4_K_M"
+#: the shapes whose Q8_0 file issue 30's benchmark (`llmrs bench all --only scale`) also reads
+Q8_0_SHAPES = ("llama-3.2-1b",)
 # The logits' standard deviation over the vocabulary, set through the final norm's scale.
 # transformers' init (std 0.02) gives near-uniform logits, where greedy picks among near-ties
 # and any rounding flips it; make_family_models.py's scale gives sqrt(hidden) (45 at 2048),
@@ -252,19 +257,37 @@ def make_gguf(name: str, sdist: Path) -> None:
     print(f"{name}: {out.name} {out.stat().st_size / 2**30:.2f} GiB in {time.perf_counter() - t0:.0f} s")
 
 
-def quantize(name: str) -> None:
+def _llama_quantize(name: str, src: Path, dst: Path, quant: str) -> float:
+    """llama.cpp's quantiser, ``src`` -> ``dst`` in ``quant`` (a ``LLAMA_FTYPE_MOSTLY_`` name); seconds."""
     import llama_cpp
-    from gguf import GGUFReader
 
-    src, dst = shape_dir(name) / "f32.gguf", q_path(name)
     t0 = time.perf_counter()
     qp = llama_cpp.llama_model_quantize_default_params()
-    qp.ftype = getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{QUANT}")
+    qp.ftype = getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{quant}")
     qp.nthread = THREADS
+    qp.allow_requantize = True  # a Q4_K_M source (q8_0 without the f32 file)
     rc = llama_cpp.llama_model_quantize(str(src).encode(), str(dst).encode(), ctypes.byref(qp))
     if rc != 0:
         raise SystemExit(f"{name}: llama_model_quantize returned {rc}")
-    seconds = time.perf_counter() - t0
+    return time.perf_counter() - t0
+
+
+def q8_0(name: str) -> None:
+    """``<shape>.Q8_0.gguf`` from the f32 GGUF if it is there, else from the Q4_K_M file."""
+    f32 = shape_dir(name) / "f32.gguf"
+    src = f32 if f32.exists() else q_path(name)
+    if not src.exists():
+        raise SystemExit(f"{name}: neither {f32} nor {q_path(name)}: run the hf, gguf and quantize steps first")
+    dst = shape_dir(name) / f"{name}.Q8_0.gguf"
+    seconds = _llama_quantize(name, src, dst, "Q8_0")
+    print(f"{name}: {dst.name} from {src.name}, {dst.stat().st_size / 2**20:.0f} MiB in {seconds:.0f} s")
+
+
+def quantize(name: str) -> None:
+    from gguf import GGUFReader
+
+    src, dst = shape_dir(name) / "f32.gguf", q_path(name)
+    seconds = _llama_quantize(name, src, dst, QUANT)
     reader = GGUFReader(dst)
     types: dict[str, int] = {}
     per_tensor = {}
@@ -526,6 +549,8 @@ def run_all(names: list[str], backends: list[str], sdist: Path, engine_py: str, 
                 ok = _run_step(["gguf", "--shape", name, "--sdist", str(sdist)], sys.executable, failures, "gguf")
             if ok:
                 ok = _run_step(["quantize", "--shape", name], sys.executable, failures, "quantize")
+        if ok and name in Q8_0_SHAPES and (force or not (shape_dir(name) / f"{name}.Q8_0.gguf").exists()):
+            _run_step(["q8_0", "--shape", name], sys.executable, failures, "q8_0")
         if ok and (force or not (shape_dir(name) / "llamacpp.json").exists()):
             ok = _run_step(["llamacpp", "--shape", name], sys.executable, failures, "llamacpp")
         if ok:
@@ -609,7 +634,7 @@ def report(names: list[str]) -> int:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("step", choices=["all", "hf", "gguf", "quantize", "llamacpp", "engine", "llamacpp-f32",
+    parser.add_argument("step", choices=["all", "hf", "gguf", "quantize", "q8_0", "llamacpp", "engine", "llamacpp-f32",
                                          "engine-f32", "report"])
     parser.add_argument("--shape", action="append", choices=list(SHAPES), help="repeatable; default: all")
     parser.add_argument("--backend", action="append", choices=["numba", "numpy"],
@@ -638,6 +663,8 @@ def main() -> None:
                 make_gguf(name, args.sdist)
             elif args.step == "quantize":
                 quantize(name)
+            elif args.step == "q8_0":
+                q8_0(name)
             elif args.step == "llamacpp":
                 run_llamacpp(name)
             elif args.step == "llamacpp-f32":

@@ -9,7 +9,7 @@ Int8 path (default with AVX2, ``int8.int8_unavailable``): llama.cpp's int8 arith
 (``kernels.cpu.int8``) from an int8 copy of each quantised matrix, the only copy kept (the packed
 arrays are freed; an embedding's rows are dequantised from the file's bytes). It agrees with
 llama.cpp (top-5 rule), not with NumPy; ``exact=True`` (``--exact``) keeps the float kernels, which do.
-Opt-in, decode steps in one compiled call: ``backends.numba_decode`` (``LLMRS_COMPILED_DECODE=1``).
+Decode steps run in one compiled call with the loop's bits (``backends.numba_decode``; ``LLMRS_COMPILED_DECODE=0``: the loop).
 
 Batch invariance, the int8 path's contract: a token's numbers depend only on its own
 sequence and position, never on the step that computes them: every kernel computes each row
@@ -38,7 +38,6 @@ import numba
 import numpy as np
 from numba import njit, prange
 
-from .. import layers
 from ..attention import PLAIN, AttentionOptions, attention_with_options
 from ..kernels.cpu import matmul as kmatmul
 from ..kernels.cpu import ops
@@ -102,9 +101,9 @@ class NumbaBackend(Backend):
 
     def __init__(self, threads: int | None = None, exact: bool = False, compiled_decode: bool | None = None):
         self.threads = set_threads(threads)
-        #: run decode steps through the compiled layer loop (``backends.numba_decode``): off unless asked
-        #: for (here or by ``LLMRS_COMPILED_DECODE=1``), see :meth:`decode_program`
-        self.compiled_decode = (os.environ.get("LLMRS_COMPILED_DECODE") == "1") if compiled_decode is None \
+        #: run decode steps through the compiled layer loop (``backends.numba_decode``) on the int8 path:
+        #: on unless switched off (here or by ``LLMRS_COMPILED_DECODE=0``), see :meth:`decode_program`
+        self.compiled_decode = (os.environ.get("LLMRS_COMPILED_DECODE") != "0") if compiled_decode is None \
             else compiled_decode
         #: why decode runs on the float kernels, or None when it runs on the int8 ones
         self.int8_reason = "exact=True" if exact else int8_unavailable()
@@ -230,7 +229,8 @@ class NumbaBackend(Backend):
         return ops.rms_norm(np.ascontiguousarray(x, dtype=np.float32), weight, np.float32(eps))
 
     def swiglu(self, gate: np.ndarray, up: np.ndarray) -> np.ndarray:
-        return layers.swiglu(gate, up)  # NumPy's tanh is vectorised; see kernels.cpu.ops
+        # the compiled decode step's SwiGLU (kernels.cpu.ops), so that its bits are the loop's
+        return ops.swiglu(np.ascontiguousarray(gate, dtype=np.float32), np.ascontiguousarray(up, dtype=np.float32))
 
     def rope(self, x: np.ndarray, positions: np.ndarray, theta: float) -> np.ndarray:
         key = (x.shape[-1], float(theta))
@@ -271,9 +271,8 @@ class NumbaBackend(Backend):
                                           *_kernel_options(options))
 
     def decode_program(self, layers: list[LayerWeights], config: ModelConfig) -> DecodeProgram | None:
-        # Opt-in: it computes the loop's numbers to float32 rounding, not bit for bit (its copies of the
-        # fastmath kernels are compiled in another context), so a step's tokens could depend on whether
-        # it ran compiled, which the int8 path's batch invariance forbids (see numba_decode).
+        # The compiled step computes the loop's bits (no kernel it calls uses fastmath), so a token's
+        # numbers do not depend on which of the two ran its step: the int8 path's batch invariance.
         if self.int8_reason is not None or not self.compiled_decode:
             return None
         return compiled_decode(layers, config, self.rope_layout == "interleaved", self.threads)

@@ -6,10 +6,10 @@ model keeps its layer loop for every step): the int8 path only, every matrix wit
 and SwiGLU. :class:`CompiledDecode` then takes the steps whose sequences each add one token, in
 the engine's paged pool or one contiguous cache.
 
-Opt-in (``NumbaBackend(compiled_decode=True)`` or ``LLMRS_COMPILED_DECODE=1``): it agrees with the
-layer loop to float32 rounding, not bit for bit (:mod:`~llmrs_core.kernels.cpu.decode`), and the
-int8 path promises that a token's numbers never depend on the step that computes them (batch
-invariance), which a prompt's step through the loop and a decode step through this would break.
+On by default (``NumbaBackend(compiled_decode=False)`` or ``LLMRS_COMPILED_DECODE=0`` keeps the loop). It
+computes the layer loop's bits (:mod:`~llmrs_core.kernels.cpu.decode`): the int8 path promises that a
+token's numbers never depend on the step that computes them (batch invariance), and a prompt's step
+runs through the loop while a decode step runs through this.
 """
 
 from __future__ import annotations

@@ -253,20 +253,23 @@ def memory_figures(model_path: Path, plan: Plan, key: str, network, tg_rate: flo
 #: the full-size random-weight files `make full-size-check` leaves (scripts/full_size_models.py), in
 #: ``$LLMRS_FULL_SIZE_DIR`` or ``~/.cache/llmrs-full-size/<shape>/<shape>.Q4_K_M.gguf``
 SCALE_SHAPES = ("qwen2.5-0.5b", "qwen3-0.6b", "llama-3.2-1b")
+#: the shapes whose Q8_0 file (``<shape>.Q8_0.gguf``, the script's ``q8_0`` step) is measured too, as ``<shape>-q8_0``
+SCALE_Q8_0 = ("llama-3.2-1b",)
 
 
 def full_size_files() -> dict[str, Path]:
-    """The :data:`SCALE_SHAPES` files present here, by shape."""
+    """The :data:`SCALE_SHAPES` files present here, by shape (``<shape>-q8_0`` for a Q8_0 file)."""
     root = Path(os.environ.get("LLMRS_FULL_SIZE_DIR", Path.home() / ".cache" / "llmrs-full-size"))
     files = {shape: root / shape / f"{shape}.Q4_K_M.gguf" for shape in SCALE_SHAPES}
+    files.update({f"{shape}-q8_0": root / shape / f"{shape}.Q8_0.gguf" for shape in SCALE_Q8_0})
     return {shape: path for shape, path in files.items() if path.is_file()}
 
 
 class ScaleBench(Benchmark):
-    """Speed at the sizes people run (issue 30): ``speed`` on each full-size Q4_K_M file, the numba
-    backend against llama.cpp, figures ``scale.<shape>.pp<N>.<engine>``."""
+    """Speed at the sizes people run (issue 30): ``speed`` on each full-size Q4_K_M file (and Llama-1B's
+    Q8_0), the numba backend against llama.cpp, figures ``scale.<shape>.pp<N>.<engine>``."""
 
-    name, title = "scale", "scale: pp/tg at 0.5B-1B parameters, Q4_K_M, against llama.cpp (chapter 8)"
+    name, title = "scale", "scale: pp/tg at 0.5B-1B parameters, Q4_K_M (and Q8_0), against llama.cpp (chapter 8)"
 
     def missing(self) -> str | None:
         if full_size_files():

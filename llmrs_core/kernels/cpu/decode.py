@@ -3,13 +3,12 @@
 At one token per step, Python between the kernels costs as much as a kernel: a dozen backend
 calls per layer, each checking its arguments and entering Numba. :func:`decode_layers` runs
 every layer of a step whose sequences each add one token, in one call: the kernels the layer
-loop calls (:mod:`.ops`, :mod:`.activations`, :func:`.int8.int8_matmul`), in its order, with
-SwiGLU in Numba (:func:`swiglu`, ``exp`` for NumPy's ``tanh``). ``LlamaModel._layers`` is the
-readable form. The two agree to float32 rounding, not bit for bit: this function's copies of
-the ``fastmath`` kernels are compiled in its context (an FMA contracted otherwise), and Numba
-links one copy of a name per process, whichever it loaded first; so the engine runs it only
-when asked (``backends.numba_decode``). Numba's cache of this module is invalidated only by
-edits to this file: after editing :mod:`.ops`, :mod:`.int8` or :mod:`.activations`, touch it.
+loop calls (:mod:`.ops`, :mod:`.activations`, :func:`.int8.int8_matmul`), in its order.
+``LlamaModel._layers`` is the readable form, and the two compute the same bits: none of those
+kernels is compiled with ``fastmath``, so this function's copies of them (LLVM optimises them
+again here) round as the loop's do. The int8 path's batch invariance rests on that
+(``tests/core/test_compiled_decode.py`` checks it). Numba's cache of this module is invalidated
+only by edits to this file: after editing :mod:`.ops`, :mod:`.int8` or :mod:`.activations`, touch it.
 
 Shapes: ``x [n, d]``, one row per sequence; the KV pool ``k, v [layers, blocks, Hkv,
 block_size, D]`` (the engine's paged pool, or a contiguous cache as one block per layer);
@@ -27,12 +26,12 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import numpy as np
-from numba import njit, prange
+from numba import njit
 from numba.typed import List
 
 from .activations import quantized
 from .int8 import int8_matmul
-from .ops import paged_decode_attention, rms_norm, rope, rope_tables
+from .ops import paged_decode_attention, rms_norm, rope, rope_tables, swiglu
 
 
 class Matrix(NamedTuple):
@@ -84,19 +83,6 @@ class Layer(NamedTuple):
     window: int
     softcap: np.float32
     scale: np.float32
-
-
-@njit(parallel=True, cache=True, error_model="numpy")
-def swiglu(gate, up):
-    """``silu(gate) * up`` for ``gate, up [n, ff]`` -> ``[n, ff]`` float32, ``silu(g) = g / (1 + exp(-g))``
-    (a very negative ``g`` gives ``exp = inf`` and ``-0.0``: no overflow error). Rows in parallel."""
-    t_count, width = gate.shape
-    out = np.empty((t_count, width), np.float32)
-    for t in prange(t_count):
-        for i in range(width):
-            g = gate[t, i]
-            out[t, i] = g / (np.float32(1) + np.exp(-g)) * up[t, i]
-    return out
 
 
 @njit(cache=True)
@@ -214,4 +200,4 @@ def decode_layers(x, layers, k, v, tables, lengths, blocks, offsets, positions, 
     return x
 
 
-__all__ = ["Layer", "Matrix", "decode_layers", "layer_list", "swiglu"]
+__all__ = ["Layer", "Matrix", "decode_layers", "layer_list"]

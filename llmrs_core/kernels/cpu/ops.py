@@ -5,10 +5,11 @@ NumPy expression such as RMSNorm makes several temporary arrays and several
 passes over ``x``, each with its own Python call. These kernels do each
 operation in one pass with no temporaries. They compute the same functions
 as ``llmrs_core.layers``, ``rope`` and ``attention`` (the references they
-are tested against); ``fastmath`` may change the last bits. SwiGLU is not
-here: NumPy's ``tanh`` is SIMD-vectorised and Numba's is a scalar libm call
-per element, so ``layers.swiglu`` (3 µs for 1,536 values) beats a Numba loop
-(10 µs) — measure before you rewrite.
+are tested against), in float32, to its rounding.
+
+None is compiled with ``fastmath`` (see :data:`LANES`): each one's bits are fixed by its code,
+whoever calls it and whatever the CPU. Sums that SIMD would reorder are written in lanes
+(RMSNorm) or turned around so SIMD runs across independent sums (attention's scores).
 """
 
 from __future__ import annotations
@@ -18,17 +19,36 @@ import math
 import numpy as np
 from numba import njit, prange
 
+#: the kernels below are compiled without ``fastmath``: every sum runs in an order the code fixes, and no
+#: multiply and add are fused, so a kernel computes the same bits in any caller (the layer loop's Python,
+#: or :mod:`.decode`'s compiled step, where LLVM optimises its copy in another context) and on any CPU.
+#: The int8 path's batch invariance needs the first: a token's numbers must not depend on the step.
+LANES = 8
+
+
+@njit(cache=True, inline="always")
+def _tree(lanes):
+    """``lanes [8]`` added in a fixed tree: ``((0 + 1) + (2 + 3)) + ((4 + 5) + (6 + 7))``."""
+    return ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) + ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]))
+
 
 # error_model="numpy": a division by zero gives inf/NaN (caught once per step by the model,
 # with a message that blames the weights) instead of Numba's ZeroDivisionError from a kernel.
-@njit(fastmath=True, cache=True, error_model="numpy")
+@njit(cache=True, error_model="numpy")
 def rms_norm(x, weight, eps):
-    """``x [T, d]`` -> ``x / sqrt(mean(x**2) + eps) * weight``, float32."""
+    """``x [T, d]`` -> ``x / sqrt(mean(x**2) + eps) * weight``, float32. The sum of squares in
+    :data:`LANES` lanes (``i % 8``, SIMD without ``fastmath``), then :func:`_tree`, then the tail."""
     t_count, dim = x.shape
     out = np.empty((t_count, dim), np.float32)
+    lanes = np.empty(LANES, np.float32)
+    full = dim - dim % LANES
     for t in range(t_count):
-        ss = np.float32(0)
-        for i in range(dim):
+        lanes[:] = 0
+        for i in range(0, full, LANES):
+            for j in range(LANES):
+                lanes[j] += x[t, i + j] * x[t, i + j]
+        ss = _tree(lanes)
+        for i in range(full, dim):
             ss += x[t, i] * x[t, i]
         inv = np.float32(1) / np.sqrt(ss / np.float32(dim) + np.float32(eps))
         for i in range(dim):
@@ -50,7 +70,7 @@ def rope_tables(positions, freqs):
     return cos, sin
 
 
-@njit(fastmath=True, cache=True)
+@njit(cache=True)
 def rope(x, cos, sin, interleaved):
     """Rotate ``x [T, H, D]`` by the tables of :func:`rope_tables`: pairs ``(2i, 2i+1)``
     when ``interleaved`` (GGUF), else ``(i, i + D/2)`` (Hugging Face). Returns a new array."""
@@ -70,17 +90,35 @@ def rope(x, cos, sin, interleaved):
     return out
 
 
+@njit(parallel=True, cache=True, error_model="numpy")
+def swiglu(gate, up):
+    """``silu(gate) * up`` for ``gate, up [T, ff]`` -> ``[T, ff]`` float32, ``silu(g) = g / (1 + exp(-g))``
+    (a very negative ``g`` gives ``exp = inf`` and ``-0.0``: no overflow error). Rows in parallel.
+    Faster than NumPy's tanh form (``layers.swiglu``) from a few rows on: no temporaries."""
+    t_count, width = gate.shape
+    out = np.empty((t_count, width), np.float32)
+    for t in prange(t_count):
+        for i in range(width):
+            g = gate[t, i]
+            out[t, i] = g / (np.float32(1) + np.exp(-g)) * up[t, i]
+    return out
+
+
 #: the attention kernels' options switched off, ``window, softcap, scale`` (Llama's attention). The
 #: kernels take them explicitly, never as defaults: an omitted argument is a compile-time constant
 #: to Numba, and a second specialisation folded around it need not round as the engine's does.
 NO_OPTIONS = (0, np.float32(0), np.float32(0))
 
 
-@njit(fastmath=True, cache=True, error_model="numpy")
-def _attend(q, t, h, k, v, kh, limit, out, window, softcap, scale):
+@njit(cache=True, error_model="numpy")
+def _attend(q, t, h, kt, v, kh, limit, out, window, softcap, scale):
     """``out[t, h] =`` softmax-weighted sum of ``v[first:limit, kh]`` for query ``q[t, h]`` against
-    ``k[first:limit, kh]`` (``k, v [Tk, Hkv, D]``): scores, softmax, weighted sum, in one pass each.
-    Both attention kernels below call this, so they compute the same numbers.
+    the keys ``kt[kh, :, first:limit]`` (``kt [Hkv, D, Tk]``, the keys transposed; ``v [Tk, Hkv, D]``):
+    scores, softmax, weighted sum, in one pass each. Both attention kernels below call this, so
+    they compute the same numbers.
+
+    Each score is ``q . k`` summed in the order ``e = 0, 1, ..., D - 1``: the loop over keys is the
+    inner one, so SIMD runs across keys and no sum is reordered (8 keys a vector on AVX2).
 
     The query is position ``limit - 1``. Family options (``attention.AttentionOptions``):
     ``window`` > 0 hides keys ``window`` or more positions back (``first = limit - window``);
@@ -90,30 +128,33 @@ def _attend(q, t, h, k, v, kh, limit, out, window, softcap, scale):
     if scale <= 0:
         scale = np.float32(1.0 / math.sqrt(dim))
     first = max(0, limit - window) if window > 0 else 0
-    scores = np.empty(limit - first, np.float32)
+    n = limit - first
+    scores = np.zeros(n, np.float32)
+    for e in range(dim):
+        qe = q[t, h, e]
+        keys = kt[kh, e, first:limit]
+        for s in range(n):
+            scores[s] += qe * keys[s]
     best = np.float32(-np.inf)
-    for s in range(first, limit):
-        acc = np.float32(0)
-        for e in range(dim):
-            acc += q[t, h, e] * k[s, kh, e]
-        acc *= scale
+    for s in range(n):
+        acc = scores[s] * scale
         if softcap > 0:
             acc = softcap * np.tanh(acc / softcap)
-        scores[s - first] = acc
+        scores[s] = acc
         best = max(best, acc)
     total = np.float32(0)
-    for s in range(limit - first):
+    for s in range(n):
         p = np.exp(scores[s] - best)
         scores[s] = p
         total += p
     inv = np.float32(1) / total
-    for s in range(first, limit):
-        p = scores[s - first] * inv
+    for s in range(n):
+        p = scores[s] * inv
         for e in range(dim):
-            out[t, h, e] += p * v[s, kh, e]
+            out[t, h, e] += p * v[first + s, kh, e]
 
 
-@njit(parallel=True, fastmath=True, cache=True, error_model="numpy")  # see rms_norm
+@njit(parallel=True, cache=True, error_model="numpy")  # see rms_norm
 def attention(q, k, v, window, softcap, scale):
     """Causal GQA attention: ``q [Tq, Hq, D]``, ``k, v [Tk, Hkv, D]`` -> ``[Tq, Hq, D]``.
     ``window``, ``softcap``, ``scale``: a family's options (see :func:`_attend`; 0 is off).
@@ -122,29 +163,35 @@ def attention(q, k, v, window, softcap, scale):
     keys ``0 .. Tk - Tq + t``). One pass per (query, head) pair: scores,
     softmax, weighted sum of values, touching only the keys the query may
     see — half the work of a masked ``[Tq, Tk]`` product in prefill, and no
-    ``[Hq, Tq, Tk]`` temporary. The pairs run in parallel.
+    ``[Hq, Tq, Tk]`` temporary. The keys are transposed once (``[Hkv, D, Tk]``);
+    the pairs run in parallel.
     """
     tq, hq, dim = q.shape
     tk, hkv = k.shape[0], k.shape[1]
     group = hq // hkv
+    kt = np.empty((hkv, dim, tk), np.float32)
+    for row in prange(hkv * dim):
+        kh, e = row // dim, row % dim
+        for s in range(tk):
+            kt[kh, e, s] = k[s, kh, e]
     out = np.zeros((tq, hq, dim), np.float32)
     for pair in prange(tq * hq):
         t, h = pair // hq, pair % hq
-        _attend(q, t, h, k, v, h // group, tk - tq + t + 1, out, window, softcap, scale)
+        _attend(q, t, h, kt, v, h // group, tk - tq + t + 1, out, window, softcap, scale)
     return out
 
 
-@njit(parallel=True, fastmath=True, cache=True, error_model="numpy")
+@njit(parallel=True, cache=True, error_model="numpy")
 def paged_decode_attention(q, k_pool, v_pool, tables, lengths, window, softcap, scale):
     """One decode token per sequence, its keys and values read from a block pool in place:
     ``q [n, Hq, D]``, ``k_pool, v_pool [num_blocks, Hkv, block_size, D]`` (one layer's),
     ``tables`` int64 ``[n, max blocks]``, ``lengths`` int64 ``[n]`` -> ``[n, Hq, D]``.
 
     One parallel loop over (sequence, KV head) pairs for the whole batch, instead of a
-    gather and a kernel call per sequence from Python: each pair copies its head's keys and
-    values into a contiguous scratch (``[length, 1, D]``, in L1/L2) and its query heads attend
-    there through :func:`_attend`, the same code as :func:`attention`, so a sequence's
-    numbers are the contiguous cache's.
+    gather and a kernel call per sequence from Python: each pair copies its head's keys
+    (transposed, ``[1, D, length]``) and values (``[length, 1, D]``) into a contiguous scratch
+    (in L1/L2) and its query heads attend there through :func:`_attend`, the same code as
+    :func:`attention`, so a sequence's numbers are the contiguous cache's.
     """
     n, hq, dim = q.shape
     hkv, block_size = k_pool.shape[1], k_pool.shape[2]
@@ -153,15 +200,15 @@ def paged_decode_attention(q, k_pool, v_pool, tables, lengths, window, softcap, 
     for pair in prange(n * hkv):
         i, kh = pair // hkv, pair % hkv
         length = lengths[i]
-        k = np.empty((length, 1, dim), np.float32)
+        kt = np.empty((1, dim, length), np.float32)
         v = np.empty((length, 1, dim), np.float32)
         for s in range(length):
             block, slot = tables[i, s // block_size], s % block_size
             for e in range(dim):
-                k[s, 0, e] = k_pool[block, kh, slot, e]
+                kt[0, e, s] = k_pool[block, kh, slot, e]
                 v[s, 0, e] = v_pool[block, kh, slot, e]
         for h in range(kh * group, (kh + 1) * group):
-            _attend(q, i, h, k, v, 0, length, out, window, softcap, scale)
+            _attend(q, i, h, kt, v, 0, length, out, window, softcap, scale)
     return out
 
 
@@ -196,4 +243,4 @@ def attention_prefill(q: np.ndarray, k: np.ndarray, v: np.ndarray, chunk: int = 
     return out.transpose(2, 0, 1, 3).reshape(tq, hq, dim)
 
 
-__all__ = ["attention", "attention_prefill", "paged_decode_attention", "rms_norm", "rope", "rope_tables"]
+__all__ = ["attention", "attention_prefill", "paged_decode_attention", "rms_norm", "rope", "rope_tables", "swiglu"]
