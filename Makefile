@@ -145,9 +145,8 @@ test-solutions: fetch fetch-vocab
 
 # real-model integration checks kept out of `make test` for its 25 minutes, each with a fast test of the
 # same property in make test (the marker's rule): SmolLM2's batch-invariance cases of issue 26
-# (tests/core/test_batch_invariance.py; the tiny model's property test stays); and the opt-in compiled decode
-# step against the layer loop (tests/core/test_compiled_decode.py: a minute of compiling in a fresh cache).
-# Run it after a change to the engine, the scheduler, the KV cache or a kernel; about 5 minutes on 2 cores
+# (tests/core/test_batch_invariance.py; the tiny model's property test stays). Run it after a change to the
+# engine, the scheduler, the KV cache or a kernel; about 5 minutes on 2 cores
 test-slow: fetch
 	$(SINGLE_THREAD) $(PYTEST) tests -q --no-header --impl solutions --ignore=tests/gpu -m slow
 

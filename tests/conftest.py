@@ -79,8 +79,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "core: engine tests (tests/core)")
     config.addinivalue_line("markers", "model: needs the real SmolLM2 model file (fetched if missing)")
     config.addinivalue_line("markers", "slow: a check `make test-slow` runs and `make test` leaves out for its time: a "
-                            "real-model integration check (a fast test of the same property stays in `make test`), or "
-                            "the opt-in compiled decode step's agreement with the loop (a minute of compiling)")
+                            "real-model integration check (a fast test of the same property stays in `make test`)")
     for n in range(13):
         config.addinivalue_line("markers", f"ch{n:02d}: chapter {n} exercise tests")
     config.stash[_SELECTED] = _selected_exercises(config.getoption("--exercise"))
