@@ -140,6 +140,24 @@ def test_attention_kernels_match_the_reference(tq, tk):
         assert normalised_error(ops.attention_prefill(q, k, v, chunk=chunk), want) <= tolerance
 
 
+@pytest.mark.parametrize("options", [ops.NO_OPTIONS, (5, np.float32(0), np.float32(0)),
+                                     (0, np.float32(3.0), np.float32(0.2))])
+def test_a_prompts_query_and_a_decode_steps_give_the_same_bits(options):
+    """From ``TRANSPOSE_QUERIES`` queries on, attention sums its scores across transposed keys; a
+    decode step's one query reads them in place. Both sum each score in the same order, so a
+    query's output does not depend on how many came with it (the int8 path's batch invariance);
+    with a window, a soft-cap and a scale too. A fastmath or reordered sum on either side fails this."""
+    rng = np.random.default_rng(8)
+    tq, tk = ops.TRANSPOSE_QUERIES + 5, 43
+    q = rng.standard_normal((tq, 6, 24)).astype(np.float32)
+    k = rng.standard_normal((tk, 2, 24)).astype(np.float32)
+    v = rng.standard_normal((tk, 2, 24)).astype(np.float32)
+    together = ops.attention(q, k, v, *options)
+    for t in (0, tq // 2, tq - 1):  # query t alone sees the keys up to its own position
+        alone = ops.attention(q[t:t + 1], k[:tk - tq + t + 1], v[:tk - tq + t + 1], *options)
+        np.testing.assert_array_equal(alone[0], together[t], f"query {t} alone differs from query {t} among {tq}")
+
+
 def test_threads_are_checked_and_reported():
     with pytest.raises(ValueError, match="threads must be between 1 and"):
         set_threads(max_threads() + 1)

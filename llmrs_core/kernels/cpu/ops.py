@@ -9,7 +9,7 @@ are tested against), in float32, to its rounding.
 
 None is compiled with ``fastmath`` (see :data:`LANES`): each one's bits are fixed by its code,
 whoever calls it and whatever the CPU. Sums that SIMD would reorder are written in lanes
-(RMSNorm) or turned around so SIMD runs across independent sums (attention's scores).
+(RMSNorm), or several run side by side, each in order (attention's scores).
 """
 
 from __future__ import annotations
@@ -110,31 +110,69 @@ def swiglu(gate, up):
 NO_OPTIONS = (0, np.float32(0), np.float32(0))
 
 
+#: from this many queries on, :func:`attention` transposes the keys once (``[Hkv, D, Tk]``) and each
+#: pair sums its scores with SIMD across keys; fewer (a decode step's one) read the keys in place,
+#: eight at a time. Both sum each score in the order ``e = 0, 1, ..., D - 1``, so they give the same
+#: bits: a prompt's query and a decode step's agree.
+TRANSPOSE_QUERIES = 8
+
+
 @njit(cache=True, error_model="numpy")
-def _attend(q, t, h, kt, v, kh, limit, out, window, softcap, scale):
-    """``out[t, h] =`` softmax-weighted sum of ``v[first:limit, kh]`` for query ``q[t, h]`` against
-    the keys ``kt[kh, :, first:limit]`` (``kt [Hkv, D, Tk]``, the keys transposed; ``v [Tk, Hkv, D]``):
-    scores, softmax, weighted sum, in one pass each. Both attention kernels below call this, so
-    they compute the same numbers.
-
-    Each score is ``q . k`` summed in the order ``e = 0, 1, ..., D - 1``: the loop over keys is the
-    inner one, so SIMD runs across keys and no sum is reordered (8 keys a vector on AVX2).
-
-    The query is position ``limit - 1``. Family options (``attention.AttentionOptions``):
-    ``window`` > 0 hides keys ``window`` or more positions back (``first = limit - window``);
-    ``softcap`` > 0 turns each scaled score ``s`` into ``softcap * tanh(s / softcap)``;
-    ``scale`` > 0 replaces ``1 / sqrt(D)``."""
+def _scores_in_place(q, t, h, k, kh, first, limit, scores):
+    """``scores[s - first] = q[t, h] . k[s, kh]`` for ``s`` in ``[first, limit)`` (``k [Tk, Hkv, D]``), each
+    summed in order over ``e``; eight keys at a time, so that eight sums are in flight at once."""
     dim = q.shape[2]
-    if scale <= 0:
-        scale = np.float32(1.0 / math.sqrt(dim))
-    first = max(0, limit - window) if window > 0 else 0
+    qv = q[t, h]
+    s = first
+    while s + 8 <= limit:
+        k0, k1, k2, k3 = k[s, kh], k[s + 1, kh], k[s + 2, kh], k[s + 3, kh]
+        k4, k5, k6, k7 = k[s + 4, kh], k[s + 5, kh], k[s + 6, kh], k[s + 7, kh]
+        a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = np.float32(0)
+        for e in range(dim):
+            qe = qv[e]
+            a0 += qe * k0[e]
+            a1 += qe * k1[e]
+            a2 += qe * k2[e]
+            a3 += qe * k3[e]
+            a4 += qe * k4[e]
+            a5 += qe * k5[e]
+            a6 += qe * k6[e]
+            a7 += qe * k7[e]
+        j = s - first
+        scores[j], scores[j + 1], scores[j + 2], scores[j + 3] = a0, a1, a2, a3
+        scores[j + 4], scores[j + 5], scores[j + 6], scores[j + 7] = a4, a5, a6, a7
+        s += 8
+    while s < limit:
+        kr = k[s, kh]
+        acc = np.float32(0)
+        for e in range(dim):
+            acc += qv[e] * kr[e]
+        scores[s - first] = acc
+        s += 1
+
+
+@njit(cache=True, error_model="numpy")
+def _scores_transposed(q, t, h, kt, kh, first, limit, scores):
+    """:func:`_scores_in_place`'s numbers from the keys transposed (``kt [Hkv, D, Tk]``): the loop over
+    keys is the inner one, so SIMD runs across keys and each score is still summed in order."""
+    dim = q.shape[2]
     n = limit - first
-    scores = np.zeros(n, np.float32)
+    scores[:n] = 0
     for e in range(dim):
         qe = q[t, h, e]
         keys = kt[kh, e, first:limit]
         for s in range(n):
             scores[s] += qe * keys[s]
+
+
+@njit(cache=True, error_model="numpy")
+def _weigh(scores, n, v, kh, first, out, t, h, softcap, scale):
+    """From ``scores[:n]`` (``q . k`` of keys ``first ..``): scaled (``scale`` > 0, else ``1 / sqrt(D)``),
+    soft-capped (``softcap`` > 0: ``softcap * tanh(s / softcap)``), softmax, and the weighted sum of
+    ``v[first:first + n, kh]`` (``v [Tk, Hkv, D]``) added to ``out[t, h]``."""
+    dim = out.shape[2]
+    if scale <= 0:
+        scale = np.float32(1.0 / math.sqrt(dim))
     best = np.float32(-np.inf)
     for s in range(n):
         acc = scores[s] * scale
@@ -157,27 +195,37 @@ def _attend(q, t, h, kt, v, kh, limit, out, window, softcap, scale):
 @njit(parallel=True, cache=True, error_model="numpy")  # see rms_norm
 def attention(q, k, v, window, softcap, scale):
     """Causal GQA attention: ``q [Tq, Hq, D]``, ``k, v [Tk, Hkv, D]`` -> ``[Tq, Hq, D]``.
-    ``window``, ``softcap``, ``scale``: a family's options (see :func:`_attend`; 0 is off).
+    ``window``, ``softcap``, ``scale``: a family's options, 0 is off (``attention.AttentionOptions``):
+    ``window`` > 0 hides keys ``window`` or more positions back; ``softcap``, ``scale``: see :func:`_weigh`.
 
     The queries are the last ``Tq`` of the ``Tk`` positions (query ``t`` sees
     keys ``0 .. Tk - Tq + t``). One pass per (query, head) pair: scores,
     softmax, weighted sum of values, touching only the keys the query may
     see — half the work of a masked ``[Tq, Tk]`` product in prefill, and no
-    ``[Hq, Tq, Tk]`` temporary. The keys are transposed once (``[Hkv, D, Tk]``);
-    the pairs run in parallel.
+    ``[Hq, Tq, Tk]`` temporary. The pairs run in parallel; from
+    :data:`TRANSPOSE_QUERIES` queries on, over keys transposed once.
     """
     tq, hq, dim = q.shape
     tk, hkv = k.shape[0], k.shape[1]
     group = hq // hkv
-    kt = np.empty((hkv, dim, tk), np.float32)
-    for row in prange(hkv * dim):
-        kh, e = row // dim, row % dim
-        for s in range(tk):
-            kt[kh, e, s] = k[s, kh, e]
+    transposed = tq >= TRANSPOSE_QUERIES
+    kt = np.empty((hkv, dim, tk if transposed else 0), np.float32)
+    if transposed:
+        for row in prange(hkv * dim):
+            kh, e = row // dim, row % dim
+            for s in range(tk):
+                kt[kh, e, s] = k[s, kh, e]
     out = np.zeros((tq, hq, dim), np.float32)
     for pair in prange(tq * hq):
         t, h = pair // hq, pair % hq
-        _attend(q, t, h, kt, v, h // group, tk - tq + t + 1, out, window, softcap, scale)
+        limit = tk - tq + t + 1
+        first = max(0, limit - window) if window > 0 else 0
+        scores = np.empty(limit - first, np.float32)
+        if transposed:
+            _scores_transposed(q, t, h, kt, h // group, first, limit, scores)
+        else:
+            _scores_in_place(q, t, h, k, h // group, first, limit, scores)
+        _weigh(scores, limit - first, v, h // group, first, out, t, h, softcap, scale)
     return out
 
 
@@ -188,10 +236,10 @@ def paged_decode_attention(q, k_pool, v_pool, tables, lengths, window, softcap, 
     ``tables`` int64 ``[n, max blocks]``, ``lengths`` int64 ``[n]`` -> ``[n, Hq, D]``.
 
     One parallel loop over (sequence, KV head) pairs for the whole batch, instead of a
-    gather and a kernel call per sequence from Python: each pair copies its head's keys
-    (transposed, ``[1, D, length]``) and values (``[length, 1, D]``) into a contiguous scratch
-    (in L1/L2) and its query heads attend there through :func:`_attend`, the same code as
-    :func:`attention`, so a sequence's numbers are the contiguous cache's.
+    gather and a kernel call per sequence from Python: each pair copies its head's keys and
+    values into a contiguous scratch (``[length, 1, D]``, in L1/L2) and its query heads attend
+    there through :func:`_scores_in_place` and :func:`_weigh`, as :func:`attention` does, so a
+    sequence's numbers are the contiguous cache's.
     """
     n, hq, dim = q.shape
     hkv, block_size = k_pool.shape[1], k_pool.shape[2]
@@ -200,15 +248,18 @@ def paged_decode_attention(q, k_pool, v_pool, tables, lengths, window, softcap, 
     for pair in prange(n * hkv):
         i, kh = pair // hkv, pair % hkv
         length = lengths[i]
-        kt = np.empty((1, dim, length), np.float32)
+        k = np.empty((length, 1, dim), np.float32)
         v = np.empty((length, 1, dim), np.float32)
         for s in range(length):
             block, slot = tables[i, s // block_size], s % block_size
             for e in range(dim):
-                kt[0, e, s] = k_pool[block, kh, slot, e]
+                k[s, 0, e] = k_pool[block, kh, slot, e]
                 v[s, 0, e] = v_pool[block, kh, slot, e]
+        first = max(0, length - window) if window > 0 else 0
+        scores = np.empty(length - first, np.float32)
         for h in range(kh * group, (kh + 1) * group):
-            _attend(q, i, h, kt, v, 0, length, out, window, softcap, scale)
+            _scores_in_place(q, i, h, k, 0, first, length, scores)
+            _weigh(scores, length - first, v, 0, first, out, i, h, softcap, scale)
     return out
 
 
