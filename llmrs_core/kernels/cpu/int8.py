@@ -661,8 +661,8 @@ def int8_rows_planes(codes: np.ndarray, scales: np.ndarray | tuple[np.ndarray, n
     nibbles = (u[:, :, :16] & 15) | ((u[:, :, 16:] & 15) << 4)  # GGUF's order: code j low, j + 16 high
     qh = None
     if hbits:
-        weights = np.uint32(1) << np.arange(32, dtype=np.uint32)
-        planes = np.stack([(((u >> (4 + p)) & 1).astype(np.uint32) * weights).sum(-1, dtype=np.uint32)
+        # plane p of a block: bit j of a little-endian 32-bit word is bit 4 + p of code j (packbits: 8 codes a byte)
+        planes = np.stack([np.packbits((u >> (4 + p)) & 1, axis=-1, bitorder="little").view("<u4")[..., 0]
                            for p in range(hbits)], axis=-1)  # [rows_pad, nb, hbits]
         groups = planes.shape[0] // GROUP_ROWS
         qh = np.ascontiguousarray(planes.reshape(groups, GROUP_ROWS, nb, hbits).transpose(0, 2, 3, 1)
