@@ -185,3 +185,15 @@ def test_on_by_default_and_switched_off_by_the_environment(tmp_path, monkeypatch
     assert llmrs.load(path, backend="numba").network.decode is not None, "the compiled step is not on by default"
     monkeypatch.setenv("LLMRS_COMPILED_DECODE", "0")
     assert llmrs.load(path, backend="numba").network.decode is None, "LLMRS_COMPILED_DECODE=0 did not keep the loop"
+
+
+def test_no_kernel_the_step_shares_with_the_loop_uses_fastmath():
+    """The bit equality above rests on this: a fastmath kernel's copy inside ``decode_layers`` may be
+    contracted or reordered otherwise than the loop's (it happened with RoPE), in some processes only."""
+    from llmrs_core.kernels.cpu import activations, decode, ops
+
+    shared = [ops.rms_norm, ops.rope, ops.rope_tables, ops.swiglu, ops.attention, ops.paged_decode_attention,
+              ops._scores_in_place, ops._scores_transposed, ops._weigh, activations.quantized, int8.int8_matmul,
+              decode.decode_layers]
+    fast = [f.py_func.__qualname__ for f in shared if f.targetoptions.get("fastmath")]
+    assert not fast, f"compiled with fastmath: {fast}; the compiled decode step would no longer be the loop's bits"
