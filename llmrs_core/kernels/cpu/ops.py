@@ -8,8 +8,8 @@ as ``llmrs_core.layers``, ``rope`` and ``attention`` (the references they
 are tested against), in float32, to its rounding.
 
 None is compiled with ``fastmath`` (see :data:`LANES`): each one's bits are fixed by its code,
-whoever calls it and whatever the CPU. Sums that SIMD would reorder are written in lanes
-(RMSNorm), or several run side by side, each in order (attention's scores).
+whoever calls it and whatever the CPU. Sums are written in an order the code names: RMSNorm's in
+8 lanes, attention's scores each in order, several side by side.
 """
 
 from __future__ import annotations
@@ -37,7 +37,8 @@ def _tree(lanes):
 @njit(cache=True, error_model="numpy")
 def rms_norm(x, weight, eps):
     """``x [T, d]`` -> ``x / sqrt(mean(x**2) + eps) * weight``, float32. The sum of squares in
-    :data:`LANES` lanes (``i % 8``, SIMD without ``fastmath``), then :func:`_tree`, then the tail."""
+    :data:`LANES` lanes (``i % 8``), then :func:`_tree`, then the tail: an order any CPU can keep (LLVM
+    leaves these adds scalar here; a prompt's 512 rows take 150 µs against 58 with ``fastmath``)."""
     t_count, dim = x.shape
     out = np.empty((t_count, dim), np.float32)
     lanes = np.empty(LANES, np.float32)
