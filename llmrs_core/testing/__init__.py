@@ -115,6 +115,7 @@ def write_tiny_llama(
     seed: int = 0,
     drop_keys: tuple[str, ...] = (),
     weight_type: str | None = None,
+    embedding_type: str | None = None,
     byte_tokenizer: bool = False,
     **overrides: Any,
 ) -> dict[str, Any]:
@@ -123,7 +124,8 @@ def write_tiny_llama(
     ``overrides`` change entries of :data:`TINY_LLAMA`; ``drop_keys`` leaves
     metadata keys out (to test errors for missing keys); ``weight_type``
     (``"q4_1"``, ``"q8_0"`` ...) stores the weight matrices in that ggml
-    format, as SmolLM2's file does (norms stay float32). ``byte_tokenizer``
+    format, as SmolLM2's file does (norms stay float32); ``embedding_type`` stores the token
+    embedding in another (SmolLM2's Q4_1 file keeps it in ``"q8_0"``). ``byte_tokenizer``
     adds :func:`byte_level_tokenizer_metadata`'s tokenizer and takes
     :data:`TINY_TEXT_LLAMA`'s sizes as the defaults, so the model reads and writes text.
     """
@@ -138,11 +140,13 @@ def write_tiny_llama(
         from ..quant.ggml_blocks import quantize
         from ..quant.types import type_by_name
 
-        t = type_by_name(weight_type)
-        tensors = {
-            name: TensorToWrite(a.shape, t, quantize(a, t).tobytes()) if a.ndim == 2 else a
-            for name, a in tensors.items()
-        }
+        def stored(name: str, a: np.ndarray) -> Any:
+            if a.ndim != 2:
+                return a
+            t = type_by_name(embedding_type if name == "token_embd.weight" and embedding_type else weight_type)
+            return TensorToWrite(a.shape, t, quantize(a, t).tobytes())
+
+        tensors = {name: stored(name, a) for name, a in tensors.items()}
     write_gguf(path, metadata, tensors)
     return {**params, "tie_embeddings": tie_embeddings}
 

@@ -29,3 +29,27 @@ def test_without_a_gpu_the_check_skips_and_still_reports(tmp_path):
     assert all(results[s]["status"] == "skipped" and "no NVIDIA GPU" in results[s]["why"] for s in steps)
     lines = run.stdout.strip().splitlines()
     assert lines[-1].startswith("(all figures:") and any(line.startswith("tg") for line in lines[-6:]), run.stdout
+
+
+def test_the_synthetic_model_has_smollm2s_shapes_and_types():
+    """--synthetic stands in for SmolLM2 on a GPU machine the file cannot reach: its speed figures
+    mean something only if its shapes and stored types are SmolLM2's (the fetched file's)."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        import gpu_check
+    finally:
+        sys.path.remove(str(ROOT / "scripts"))
+    from llmrs_core.formats.gguf import read_gguf
+
+    real = ROOT / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    if not real.is_file():
+        pytest.skip("SmolLM2 is not fetched (make fetch)")
+    c = read_gguf(real).config
+    shape = gpu_check.SMOLLM2_SHAPE
+    assert (c.hidden_size, c.intermediate_size, c.n_layers, c.n_heads, c.n_kv_heads, c.vocab_size) == (
+        shape["hidden_size"], shape["intermediate_size"], shape["n_layers"], shape["n_heads"], shape["n_kv_heads"],
+        shape["vocab_size"])
+    assert (c.rope_theta, c.tie_embeddings) == (shape["rope_theta"], True)
+    types = {n: t.ggml_type.name for n, t in read_gguf(real).tensors.items()}
+    assert types["token_embd.weight"] == "Q8_0" and {types[n] for n in types if n.startswith("blk.") and
+                                                      not n.endswith("norm.weight")} == {"Q4_1"}
