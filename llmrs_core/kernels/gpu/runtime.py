@@ -68,6 +68,10 @@ def cuda() -> ModuleType:
         _numba_module().core.config.reload_config()  # the variable was set after numba was imported
     # CuPy orders its own work on its streams; Numba need not synchronise every array it is handed
     os.environ.setdefault("NUMBA_CUDA_ARRAY_INTERFACE_SYNC", "0")
+    # numba-cuda 0.30 overloads np.row_stack when it first compiles a kernel; NumPy 2.5 removed that
+    # alias of vstack, so every compile failed with AttributeError on an H200 with NumPy 2.5 (gpu_check)
+    if "row_stack" not in np.__dict__:
+        np.row_stack = np.vstack
     try:
         from numba import cuda as numba_cuda
     except ImportError as e:
