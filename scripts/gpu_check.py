@@ -253,6 +253,45 @@ def graph_replay(model_path: str, steps: int = 50) -> dict:
             "graph_ms_per_token": graph_s * 1e3, "speedup": eager_s / graph_s}
 
 
+def launch_costs(n: int = 2000) -> dict:
+    """Host time of one kernel launch, which bounds decode at batch 1 (hundreds of launches a
+    token): a 1-thread kernel with 5 array arguments, launched n times, each way the engine could
+    launch it. Microseconds per launch, the device synchronised once at the end."""
+    import cupy
+
+    from llmrs_core.kernels.gpu import runtime
+    from llmrs_core.kernels.gpu.arrays import launch
+
+    cuda = runtime.cuda()
+
+    @cuda.jit
+    def touch(a, b, c, d, e):
+        if cuda.grid(1) == 0:
+            e[0] = a[0] + b[0] + c[0] + d[0]
+
+    arrays = [cupy.ones(1024, cupy.float32) for _ in range(5)]
+    stream = cuda.external_stream(cupy.cuda.get_current_stream().ptr)
+    wrapped = [cuda.as_cuda_array(a) for a in arrays]
+    configured = touch[1, 32, stream]
+    add = cupy.ElementwiseKernel("float32 a, float32 b", "float32 c", "c = a + b", "llmrs_add")
+    ways = {
+        "engine_launch": lambda: launch(touch, 1, 32, *arrays),
+        "stream_reused": lambda: touch[1, 32, stream](*arrays),
+        "configured_numba_arrays": lambda: configured(*wrapped),
+        "cupy_elementwise": lambda: add(arrays[0], arrays[1], arrays[2]),
+    }
+    out = {"status": "ok", "launches": n}
+    for name, fn in ways.items():
+        fn()
+        cupy.cuda.Device().synchronize()
+        start = time.perf_counter()
+        for _ in range(n):
+            fn()
+        cupy.cuda.Device().synchronize()
+        out[f"{name}_us"] = (time.perf_counter() - start) / n * 1e6
+    return out
+
+
 def memory_pool() -> dict:
     """The caching allocator of 9.4 installed in CuPy, on two streams, values checked (memory_pool_cupy)."""
     from llmrs_core.labs.memory_pool_cupy import check_on_gpu
@@ -377,6 +416,8 @@ def table(results: dict) -> str:
         if name == "fusion" and r.get("status") in ("ok", "failed"):
             detail = "; ".join(f"{x['block']} T={x['T']}: eager {x['eager_us']:.0f} us, numba {x['numba_kernel_us']:.0f} us"
                                for x in r["rows"])
+        if name == "launch" and r.get("status") == "ok":
+            detail = ", ".join(f"{k.removesuffix('_us')} {v:.0f}" for k, v in r.items() if k.endswith("_us")) + " us"
         if name == "memory_pool" and r.get("status") == "ok":
             detail = ", ".join(f"{k} {v}" for k, v in list(r["stats"].items())[:4])
         if name == "graphs" and r.get("status") == "ok":
@@ -427,11 +468,12 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.output)
     if gpu:
         step("tests", results, gpu_tests, args.test_timeout, save=out)
+        step("launch", results, launch_costs, save=out)
         step("memory_pool", results, memory_pool, save=out)
         step("fusion", results, fusion_kernels, save=out)
     else:
         results["tests"] = skipped(no_gpu + ": make test-gpu runs them in the simulator")
-        results["memory_pool"] = results["fusion"] = skipped(no_gpu)
+        results["launch"] = results["memory_pool"] = results["fusion"] = skipped(no_gpu)
     for name, fn, fn_args in (("smollm2", smollm2, (args.model,)),
                               ("bench", bench, (args.model, pp, tg, reps, batches)),
                               ("matvec", matvec_kernels, (args.model,)),
@@ -461,7 +503,7 @@ def rehearse(output: str) -> int:
     results: dict = {}
     step("environment", results, environment)
     results["tests"] = skipped("rehearsal: make test-gpu runs them in the simulator")
-    results["memory_pool"] = results["fusion"] = skipped("rehearsal: they need a GPU")
+    results["launch"] = results["memory_pool"] = results["fusion"] = skipped("rehearsal: they need a GPU")
     with tempfile.TemporaryDirectory() as tmp:
         path = str(Path(tmp) / "tiny.gguf")
         write_tiny_llama(path, weight_type="q4_1", byte_tokenizer=True, hidden_size=32, intermediate_size=64,

@@ -66,8 +66,9 @@ COMPILE = textwrap.dedent(
     """
     import os
     os.environ["NUMBA_FORCE_CUDA_CC"] = "9.0"  # name the target: no NVRTC query (as compile_check does)
-    from numba import cuda
+    from llmrs_core.kernels.gpu import runtime
     from llmrs_core.labs import fusion as F, fusion_codegen as C
+    cuda = runtime.cuda()  # numba.cuda with the engine's settings (NumPy 2.5's row_stack)
     for block, kinds in ((F.residual_rms_norm, dict(x="elem", residual="elem", weight="col")),
                          (F.swiglu, dict(gate="elem", up="elem"))):
         g = F.trace(block, **kinds)

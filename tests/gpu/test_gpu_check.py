@@ -24,7 +24,7 @@ def test_without_a_gpu_the_check_skips_and_still_reports(tmp_path):
                          env=env, capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr
     results = json.loads(out.read_text())
-    steps = {"tests", "memory_pool", "fusion", "smollm2", "bench", "matvec", "graphs", "transformers"}
+    steps = {"tests", "launch", "memory_pool", "fusion", "smollm2", "bench", "matvec", "graphs", "transformers"}
     assert steps <= set(results)
     assert all(results[s]["status"] == "skipped" and "no NVIDIA GPU" in results[s]["why"] for s in steps)
     lines = run.stdout.strip().splitlines()
