@@ -277,6 +277,7 @@ def launch_costs(n: int = 2000) -> dict:
     ways = {
         "engine_launch": lambda: launch(touch, 1, 32, *arrays),
         "stream_reused": lambda: touch[1, 32, stream](*arrays),
+        "configured_cupy_arrays": lambda: configured(*arrays),
         "configured_numba_arrays": lambda: configured(*wrapped),
         "cupy_elementwise": lambda: add(arrays[0], arrays[1], arrays[2]),
     }

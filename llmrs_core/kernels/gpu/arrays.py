@@ -85,8 +85,28 @@ def launch(kernel: Any, grid: int | tuple[int, ...], block: int | tuple[int, ...
         return
     import cupy
 
-    stream = runtime.cuda().external_stream(cupy.cuda.get_current_stream().ptr)
-    kernel[grid, block, stream](*args)
+    ptr = cupy.cuda.get_current_stream().ptr
+    key = (kernel, grid, block, ptr)
+    configured = _CONFIGURED.get(key)
+    if configured is None:
+        if len(_CONFIGURED) >= MAX_CONFIGURED:  # prefill grids vary with the prompt's length
+            _CONFIGURED.clear()
+        configured = _CONFIGURED[key] = kernel[grid, block, _external_stream(ptr)]
+    configured(*args)
+
+
+#: configured launches ``kernel[grid, block, stream]`` by (kernel, grid, block, stream pointer):
+#: numba-cuda builds a stream object and a launch configuration per ``[...]``, and on an H200
+#: that host work took half of each launch (gpu_check's launch step: 388 us a launch with
+#: both built each time, 200 with the stream kept), at hundreds of launches a decode token
+_CONFIGURED: dict[tuple[Any, Any, Any, int], Any] = {}
+MAX_CONFIGURED = 4096
+
+
+@functools.cache
+def _external_stream(ptr: int) -> Any:
+    """numba.cuda's view of the CuPy stream at ``ptr`` (one object per stream)."""
+    return runtime.cuda().external_stream(ptr)
 
 
 def pow2_at_most(n: int, cap: int) -> int:
