@@ -163,7 +163,7 @@ gpu-check:
 	$(if $(wildcard $(PY)),$(PY),$(PYTHON)) scripts/gpu_check.py --output build/gpu_check.json
 
 # the engine at the sizes people run (issue 28), against llama.cpp on the same Q4_K_M files: needs a
-# reference environment with torch, transformers, gguf, sentencepiece and llama-cpp-python (never a
+# reference environment with torch, transformers, gguf, sentencepiece, protobuf and llama-cpp-python (never a
 # project dependency, never in CI) and llama.cpp's converter from the llama-cpp-python sdist. Files
 # in $$LLMRS_FULL_SIZE_DIR (default ~/.cache/llmrs-full-size), the report in build/full_size.json.
 REF_PY ?= /opt/ref-venv/bin/python
@@ -172,7 +172,7 @@ full-size-check: $(STAMP)
 	@test -x $(REF_PY) || { echo "full-size-check needs a reference environment at REF_PY=$(REF_PY). Make one:"; \
 	  echo "  python3 -m venv ~/ref-venv"; \
 	  echo "  ~/ref-venv/bin/pip install torch --index-url https://download.pytorch.org/whl/cpu"; \
-	  echo "  ~/ref-venv/bin/pip install transformers safetensors gguf sentencepiece llama-cpp-python==0.3.36"; \
+	  echo "  ~/ref-venv/bin/pip install transformers safetensors gguf sentencepiece protobuf llama-cpp-python==0.3.36"; \
 	  echo "  pip download --no-deps --no-binary :all: llama-cpp-python==0.3.36   # llama.cpp's converter is in it"; \
 	  echo "then: make full-size-check REF_PY=~/ref-venv/bin/python LLAMA_CPP_SDIST=llama_cpp_python-0.3.36.tar.gz"; \
 	  exit 1; }

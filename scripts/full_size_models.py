@@ -11,7 +11,8 @@ greedy tokens from the same prompt ids in llama.cpp and in the engine. Not part 
 at scale) reuses the Q4_K_M files.
 
 Run it with the reference environment's Python (torch, transformers, gguf, sentencepiece,
-llama-cpp-python); the engine's steps run in the project's own venv (--engine-python)::
+protobuf, which transformers 5 needs to read a SentencePiece model, and llama-cpp-python); the
+engine's steps run in the project's own venv (--engine-python)::
 
     /opt/ref-venv/bin/python scripts/full_size_models.py all [--shape NAME ...]
 
