@@ -156,7 +156,7 @@ test-slow: fetch
 test-gpu: setup
 	$(SINGLE_THREAD) $(PYTEST) tests/gpu -q --no-header
 
-# chapter 9's GPU check, for a machine with an NVIDIA GPU (about 8 minutes on an H200; no network, no set-up:
+# chapter 9's GPU check, for a machine with an NVIDIA GPU (277 s on an H200, measured; no network, no set-up:
 # it runs with the Python it finds, .venv's if there is one): table last, JSON in build/gpu_check.json
 gpu-check:
 	@mkdir -p build

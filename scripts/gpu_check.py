@@ -1,4 +1,4 @@
-"""The GPU check (chapter 9): one run on a machine with an NVIDIA GPU, about 8 minutes on an H200.
+"""The GPU check (chapter 9): one run on a machine with an NVIDIA GPU, under 5 minutes on an H200.
 
     python scripts/gpu_check.py [--model PATH | --synthetic] [--output build/gpu_check.json] [--quick]
     make gpu-check
