@@ -321,8 +321,9 @@ def hf_llama(model_path: str):
 
     gguf = read_gguf(model_path)
     c = gguf.config
-    if c.architecture != "llama":
-        raise ValueError(f"the anchor builds Llama models only, not {c.architecture!r}")
+    if c.architecture != "llama" or c.rope_scale != 1.0 or c.rotary_dim or c.qkv_bias:
+        raise ValueError(f"the anchor builds plain Llama models only (SmolLM2's kind), not {c.architecture!r} "
+                         f"with RoPE scale {c.rope_scale}, rotary_dim {c.rotary_dim}, qkv_bias {c.qkv_bias}")
     config = LlamaConfig(vocab_size=c.vocab_size, hidden_size=c.hidden_size, intermediate_size=c.intermediate_size,
                          num_hidden_layers=c.n_layers, num_attention_heads=c.n_heads, num_key_value_heads=c.n_kv_heads,
                          head_dim=c.head_dim, rms_norm_eps=c.rms_norm_eps, max_position_embeddings=c.context_length,
