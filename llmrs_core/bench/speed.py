@@ -14,7 +14,10 @@ the same GGUF file, with the same thread count, in the same process, and
 the ratio is reported: a ratio measured in one run is comparable across
 machines, absolute numbers are not. The engines take turns, one repetition
 each (pp, then tg) per round, so that a load that comes and goes on a shared
-machine falls on all of them alike. ``exact=True`` adds the numba backend's
+machine falls on all of them alike, with a pause of :data:`SETTLE_S` before each
+engine's turn: measured on 2 cores (Qwen2.5-0.5B pp512, 2 threads, three pairs), our pass
+right after llama.cpp's ran 4-5% slower than after a 3-second pause, while llama.cpp's
+right after ours did not. ``exact=True`` adds the numba backend's
 float kernels (``numba-exact``) as an engine of its own, next to its default
 (the int8 decode path, where the CPU has AVX2).
 """
@@ -22,11 +25,15 @@ float kernels (``numba-exact``) as an engine of its own, next to its default
 from __future__ import annotations
 
 import statistics
+import time
 from contextlib import nullcontext
 
 import numpy as np
 
 from .common import random_ids, timings
+
+#: seconds between one engine's turn and the next's (the module docstring says why)
+SETTLE_S = 2.0
 
 
 def _summary(n_tokens: int, times: list[float]) -> dict:
@@ -110,6 +117,8 @@ def _interleaved(engines: dict, repetitions: int) -> dict[str, dict[str, list[fl
             timings(run_tg, 0)
     for _ in range(repetitions):
         for name, (run_pp, run_tg, blas) in engines.items():
+            if len(engines) > 1:
+                time.sleep(SETTLE_S)
             with blas_threads(blas):
                 times[name]["pp"] += timings(run_pp, 1, warm_up=False)
                 times[name]["tg"] += timings(run_tg, 1, warm_up=False)

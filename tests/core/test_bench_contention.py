@@ -77,7 +77,8 @@ def test_losses_are_quiet_over_contended():
     assert contention.losses(quiet, busy) == {"a": {"pp": 3.0, "tg": 1.5}}
 
 
-def test_speed_with_contention_reports_both_runs_and_the_flags(tmp_path):
+def test_speed_with_contention_reports_both_runs_and_the_flags(tmp_path, monkeypatch):
+    monkeypatch.setattr("llmrs_core.bench.speed.SETTLE_S", 0.0)  # the pause between turns: test_bench_speed
     path = tmp_path / "tiny.gguf"
     write_tiny_llama(path, weight_type="q4_1", seed=2, hidden_size=64, intermediate_size=128)
     r = speed(path, backends=("numba",), pp=8, tg=4, repetitions=1, threads=2, compare=False, exact=True,
