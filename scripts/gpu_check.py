@@ -17,9 +17,9 @@ Steps, each bounded in time, each recorded even when another fails:
    of the float and the int8 (llama.cpp-style) Q4_1 matvec kernels, with CUDA events; ``graphs``:
    a decode token's matvec launches eager against one captured CUDA graph replayed;
 4. ``transformers``: the anchor, in the same run on the same GPU: Hugging Face transformers
-   (torch) with the file's own weights, dequantised by ``GGUFFile.float32`` and Q/K
-   un-permuted to Hugging Face's RoPE layout (``rope.unpermute_from_interleaved``), so no
-   ``gguf`` package is needed. First float32: its logits against ours on cuda and on NumPy
+   (torch) with the file's own weights, exported by the engine's ``formats.hf.export_hf``
+   (dequantised, Q/K un-permuted to Hugging Face's RoPE layout), so no ``gguf`` package is
+   needed. First float32: its logits against ours on cuda and on NumPy
    (a reference no one here wrote, on the same weights); then float16: pp512 and tg128, and
    our ratios to it.
 
@@ -309,51 +309,22 @@ def fusion_kernels() -> dict:
 
 
 def hf_llama(model_path: str):
-    """A transformers ``LlamaForCausalLM`` (float32, CPU) holding the GGUF's own weights.
+    """A transformers ``LlamaForCausalLM`` (float32, CPU) holding the GGUF's own weights, through the
+    engine's own exporter (``formats.hf.export_hf``: dequantised, W_q/W_k un-permuted to Hugging
+    Face's RoPE layout, ``config.json`` from the file's metadata). Plain Llama models only."""
+    import tempfile
 
-    GGUF stores W_q and W_k permuted for llama.cpp's interleaved RoPE; Hugging Face rotates
-    halves, so they are un-permuted (``rope.unpermute_from_interleaved``). Llama family only."""
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaForCausalLM
 
     from llmrs_core.formats.gguf import read_gguf
-    from llmrs_core.rope import unpermute_from_interleaved
+    from llmrs_core.formats.hf import export_hf
 
-    gguf = read_gguf(model_path)
-    c = gguf.config
+    c = read_gguf(model_path).config
     if c.architecture != "llama" or c.rope_scale != 1.0 or c.rotary_dim or c.qkv_bias:
         raise ValueError(f"the anchor builds plain Llama models only (SmolLM2's kind), not {c.architecture!r} "
                          f"with RoPE scale {c.rope_scale}, rotary_dim {c.rotary_dim}, qkv_bias {c.qkv_bias}")
-    config = LlamaConfig(vocab_size=c.vocab_size, hidden_size=c.hidden_size, intermediate_size=c.intermediate_size,
-                         num_hidden_layers=c.n_layers, num_attention_heads=c.n_heads, num_key_value_heads=c.n_kv_heads,
-                         head_dim=c.head_dim, rms_norm_eps=c.rms_norm_eps, max_position_embeddings=c.context_length,
-                         tie_word_embeddings=c.tie_embeddings, rope_theta=c.rope_theta,
-                         rope_parameters={"rope_type": "default", "rope_theta": c.rope_theta})
-    names = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
-    per_layer = {"attn_norm": "input_layernorm", "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj",
-                 "attn_v": "self_attn.v_proj", "attn_output": "self_attn.o_proj", "ffn_norm": "post_attention_layernorm",
-                 "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj"}
-    state = {}
-    for name in gguf.tensors:
-        stem = name.removesuffix(".weight")
-        w = gguf.float32(name)
-        if stem.startswith("blk."):
-            _, layer, part = stem.split(".", 2)
-            if part == "attn_q":
-                w = unpermute_from_interleaved(w, c.n_heads)
-            elif part == "attn_k":
-                w = unpermute_from_interleaved(w, c.n_kv_heads)
-            key = f"model.layers.{layer}.{per_layer[part]}"
-        else:
-            key = names[stem]
-        state[key + ".weight"] = torch.from_numpy(np.ascontiguousarray(w))
-    model = LlamaForCausalLM(config)
-    missing, unexpected = model.load_state_dict(state, strict=False)
-    missing = [k for k in missing if not (c.tie_embeddings and k == "lm_head.weight")]
-    if missing or unexpected:
-        raise ValueError(f"weights left unset: {missing[:4]}; not used: {unexpected[:4]}")
-    if c.tie_embeddings:
-        model.tie_weights()
+    with tempfile.TemporaryDirectory() as tmp:
+        model = LlamaForCausalLM.from_pretrained(export_hf(model_path, tmp), dtype="float32")
     return model.eval()
 
 
