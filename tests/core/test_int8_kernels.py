@@ -121,16 +121,33 @@ def test_row_major_copy_keeps_every_code():
 
 
 def test_bit_planes_hold_the_high_bits_row_by_row():
-    """``"q4h"``: per 32-code block and plane a 32-byte word, row r's 32 bits in lane r."""
+    """``"q4h"`` with one high bit (Q5_0): per 32-code block a 32-byte word, row r's 32 bits in lane r."""
+    codes = np.full((8, 32), -16, np.int8)  # Q5_0's code -16 is stored as 0: no bit set
+    codes[3, 5] = 0  # stored 16 = 0b10000: bit 4
+    codes[6, 31] = 15  # stored 31: bit 4
+    copy = int8.int8_rows_planes(codes, np.ones((8, 1), np.float32), "Q5_0", "q8_0")
+    lanes = copy.qh.view(np.uint32).reshape(8)  # block 0's plane: [row]
+    want = np.zeros(8, np.uint32)
+    want[3], want[6] = 1 << 5, 1 << 31
+    np.testing.assert_array_equal(lanes, want)
+    np.testing.assert_array_equal(copy.row_major()[0], codes)
+
+
+def test_crumb_words_hold_two_high_bits_next_to_the_nibble_word():
+    """``"q4h"`` with two high bits (Q6_K): per 32-code block two 32-byte crumb words, one per half of
+    the block; byte ``4r + i`` of half ``h``'s holds code ``16h + 4k + i``'s bits 4 and 5 at bits
+    ``2k, 2k + 1``: the four codes a nibble word's byte ``4r + i`` holds, in the order of the words."""
     codes = np.full((8, 32), -32, np.int8)  # Q6_K's code -32 is stored as 0: no bit set
-    codes[3, 5] = 31 - 32  # stored 31 = 0b011111: bit 4 set, bit 5 not
-    codes[6, 31] = 31  # stored 63: bits 4 and 5
+    codes[3, 5] = 31 - 32  # stored 31 = 0b011111: bit 4 set, bit 5 not; half 0, k = 1, i = 1
+    codes[6, 31] = 31  # stored 63: bits 4 and 5; half 1, k = 3, i = 3
     codes = np.concatenate([codes, np.full((8, 224), -32, np.int8)], axis=1)  # a whole super-block
     copy = int8.int8_rows_planes(codes, (np.ones((8, 1), np.float32), np.ones((8, 16), np.int8)), "Q6_K", "q8_k")
-    lanes = copy.qh.view(np.uint32).reshape(8, 2, 8)[0]  # block 0: [plane, row]
-    want = np.zeros((2, 8), np.uint32)
-    want[0, 3], want[0, 6], want[1, 6] = 1 << 5, 1 << 31, 1 << 31
-    np.testing.assert_array_equal(lanes, want)
+    words = copy.qh.reshape(8, 2, 32)[0]  # block 0: [half, byte]
+    want = np.zeros((2, 32), np.uint8)
+    want[0, 4 * 3 + 1] = 0b01 << 2
+    want[1, 4 * 6 + 3] = 0b11 << 6
+    np.testing.assert_array_equal(words, want)
+    np.testing.assert_array_equal(copy.row_major()[0], codes)
     assert copy.nbytes * 32 == 8 * 256 * (16 + 8 + 2 + 0.5), "32 weights in 26.5 bytes (Q6_K's 26.25), not 40"
 
 
