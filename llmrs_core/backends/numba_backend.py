@@ -230,7 +230,8 @@ class NumbaBackend(Backend):
 
     def swiglu(self, gate: np.ndarray, up: np.ndarray) -> np.ndarray:
         # the compiled decode step's SwiGLU (kernels.cpu.ops), so that its bits are the loop's
-        return ops.swiglu(np.ascontiguousarray(gate, dtype=np.float32), np.ascontiguousarray(up, dtype=np.float32))
+        # (the kernel takes the fused product's halves as they are: strided views, no copies)
+        return ops.swiglu(np.asarray(gate, dtype=np.float32), np.asarray(up, dtype=np.float32))
 
     def rope(self, x: np.ndarray, positions: np.ndarray, theta: float) -> np.ndarray:
         key = (x.shape[-1], float(theta))

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from numba import njit
 
 import llmrs_core as llmrs
 from llmrs_core import attention as reference_attention
@@ -123,6 +124,29 @@ def test_rms_norm_and_rope_match_the_reference():
     # each output is x0 cos - x1 sin: a sum of 2 (the angles, up to 4096 rad, are float64 on both sides)
     assert normalised_error(ops.rope(q, cos, sin, True), rope.apply_rope_interleaved(q, pos, 1e5)) <= float32_tolerance(2)
     assert normalised_error(ops.rope(q, cos, sin, False), rope.apply_rope_half(q, pos, 1e5)) <= float32_tolerance(2)
+
+
+@njit(cache=True)
+def _exp32_all(x):
+    out = np.empty_like(x)
+    for i in range(x.size):
+        out[i] = ops.exp32(x[i])
+    return out
+
+
+def test_exp32_is_within_one_unit_in_the_last_place():
+    """The softmax's and SwiGLU's vectorised ``exp`` against float64's, over float32's whole range:
+    Cephes' polynomial keeps it within 1 ulp (a wrong coefficient, or a rounding step fused away,
+    is thousands); NaN stays NaN, overflow is inf, underflow 0."""
+    x = np.concatenate([np.linspace(-87.3, 88.3, 1_000_001, dtype=np.float32),
+                        np.random.default_rng(3).standard_normal(10_000).astype(np.float32)])
+    want = np.exp(x.astype(np.float64))
+    ulps = np.abs(_exp32_all(x) - want) / np.spacing(want.astype(np.float32)).astype(np.float64)
+    assert ulps.max() <= 1.0, f"exp32 is {ulps.max():.1f} ulp off at x = {x[np.argmax(ulps)]}"
+    special = np.float32([np.nan, np.inf, -np.inf, 0.0, 89.0, -88.0, -1000.0])
+    got = _exp32_all(special)
+    assert np.isnan(got[0]) and got[1] == np.inf and got[4] == np.inf, got
+    np.testing.assert_array_equal(got[[2, 3, 5, 6]], np.float32([0, 1, 0, 0]))
 
 
 @pytest.mark.parametrize("tq,tk", [(1, 1), (1, 37), (5, 5), (16, 40), (40, 40), (130, 200)])
