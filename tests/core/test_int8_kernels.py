@@ -38,7 +38,7 @@ FORMS = {
     "q4": ("Q4_1", (0, 16), 32, True),         # 4-bit codes and an offset per 32
     "q8": ("Q8_0", (-128, 128), 32, False),    # signed 8-bit codes
     "q5_0": ("Q5_0", (-16, 16), 32, False),    # "q4h": nibble + one bit plane, bias 16
-    "q6_k": ("Q6_K", (-32, 32), 16, False),    # "q4h": nibble + two bit planes, bias 32, scale per 16
+    "q6_k": ("Q6_K", (-32, 32), 16, False),    # "q4h": nibble + two high bits (2-bit fields), bias 32, scale per 16
     "q3_k": ("Q3_K", (-4, 4), 16, False),      # "q4h": nibble only, bias 4, scale per 16
     "q8a": ("Q5_K", (0, 32), 32, True),        # unsigned 8-bit codes with offsets
     "q8a_16": ("Q2_K", (0, 4), 16, True),      # the same per 16
@@ -219,6 +219,24 @@ def test_products_are_the_quantised_arithmetic(kind, t_count, cols):
     # the step of an fp16-rounded scale: half of d_x, and the scale's own rounding (2^-11) on |x|
     step = np.repeat(np.abs(xd.astype(np.float64)) / 2, block, axis=1) + np.abs(x) * 2.0**-11
     assert (np.abs(got - x.astype(np.float64) @ dense.T) <= step @ np.abs(dense).T + bound).all()
+
+
+@needs_int8
+@pytest.mark.parametrize("kind", ["q4", "q6_k", "q8"])
+def test_a_row_computes_the_same_bits_in_any_chunk_tile_or_alone(kind):
+    """Past one chunk (:data:`int8.CHUNK_ROWS`) of activation rows the kernel takes the weights again
+    for the next; tiles read the activations tile-major, the rows after the last whole tile read them
+    as they are. Each row's numbers must not depend on where it falls: the last tile of a chunk, the
+    first of the next, the tail rows, or a step of its own (a wrong tile-major index or chunk boundary
+    moves a row's numbers)."""
+    rng = np.random.default_rng(7)
+    copy, _, _, _ = random_matrix(kind, 24, 512, rng)
+    t_count = int8.CHUNK_ROWS + int8.X_ROWS + 3
+    xq, xd, xs = quantize_activations(rng.standard_normal((t_count, 512)).astype(np.float32), copy.scheme, copy.block)
+    together = int8.products(copy, xq, xd, xs)
+    for t in (0, int8.CHUNK_ROWS - 1, int8.CHUNK_ROWS, int8.CHUNK_ROWS + int8.X_ROWS, t_count - 1):
+        alone = int8.products(copy, xq[t:t + 1], xd[t:t + 1], xs[t:t + 1])
+        np.testing.assert_array_equal(alone[0], together[t], f"{kind}: row {t} of {t_count} differs from itself alone")
 
 
 def test_matmul_int8_rejects_a_mismatched_input():
