@@ -238,11 +238,20 @@ def _scores_transposed(q, t, h, kt, kh, first, limit, scores):
     dim = q.shape[2]
     n = limit - first
     scores[:n] = 0
-    for e in range(dim):
+    e = 0
+    while e + 4 <= dim:  # four terms per pass over the scores, added in order: one load and store, not four
+        q0, q1, q2, q3 = q[t, h, e], q[t, h, e + 1], q[t, h, e + 2], q[t, h, e + 3]
+        k0, k1 = kt[kh, e, first:limit], kt[kh, e + 1, first:limit]
+        k2, k3 = kt[kh, e + 2, first:limit], kt[kh, e + 3, first:limit]
+        for s in range(n):
+            scores[s] = (((scores[s] + q0 * k0[s]) + q1 * k1[s]) + q2 * k2[s]) + q3 * k3[s]
+        e += 4
+    while e < dim:
         qe = q[t, h, e]
         keys = kt[kh, e, first:limit]
         for s in range(n):
             scores[s] += qe * keys[s]
+        e += 1
 
 
 @njit(cache=True, error_model="numpy")
@@ -265,10 +274,19 @@ def _weigh(scores, n, v, kh, first, out, t, h, softcap, scale):
     for s in range(n):  # vectorised (exp32)
         scores[s] = exp32(scores[s] - best)
     inv = np.float32(1) / _lane_sum(scores, n)
-    for s in range(n):
+    o = out[t, h]
+    s = 0
+    while s + 4 <= n:  # four keys per pass over the output, added in order: one load and store, not four
+        p0, p1, p2, p3 = scores[s] * inv, scores[s + 1] * inv, scores[s + 2] * inv, scores[s + 3] * inv
+        v0, v1, v2, v3 = v[first + s, kh], v[first + s + 1, kh], v[first + s + 2, kh], v[first + s + 3, kh]
+        for e in range(dim):
+            o[e] = (((o[e] + p0 * v0[e]) + p1 * v1[e]) + p2 * v2[e]) + p3 * v3[e]
+        s += 4
+    while s < n:
         p = scores[s] * inv
         for e in range(dim):
-            out[t, h, e] += p * v[first + s, kh, e]
+            o[e] += p * v[first + s, kh, e]
+        s += 1
 
 
 @njit(parallel=True, cache=True, error_model="numpy")  # see rms_norm
