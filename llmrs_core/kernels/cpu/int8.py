@@ -881,9 +881,10 @@ def _tile_major(a):
 @njit(cache=True, inline="always")
 def _products_loop(form, qs, d, m, qh, sc, mn, xq, xd, xs):
     """:func:`int8_matmul`'s loop, inlined into each caller. Where ``form`` is a constant there (the
-    ``_matmul_*`` kernels :func:`products` calls), LLVM drops the other forms' branches of
-    :func:`_rows`, and their pointers stop competing for registers in the tile loop: 8% faster at
-    T = 512 on Llama-1B's Q4_K and Q6_K matrices, one thread, measured in one process."""
+    kernels of :data:`MATMUL_BY_FORM`, which :func:`products` calls), LLVM drops the other forms'
+    branches of :func:`_rows`, and their values stop competing for registers in the tile loop:
+    measured at T = 512 on Llama-1B's Q4_K and Q6_K matrices, one thread, in one process, 8% faster
+    with row-major activations, 1-4% with the tile-major ones (one pointer per array)."""
     groups, t_count = qs.shape[0], xq.shape[0]
     out = np.empty((t_count, groups * GROUP_ROWS), np.float32)
     xsum = _code_sums(form, xq, xd)
@@ -928,50 +929,19 @@ def int8_matmul(form, qs, d, m, qh, sc, mn, xq, xd, xs):
     return _products_loop(form, qs, d, m, qh, sc, mn, xq, xd, xs)
 
 
-# The loop once per form, the form a constant (see _products_loop); each compiled on first use.
-@njit(parallel=True, cache=True)
-def _matmul_q4(qs, d, m, qh, sc, mn, xq, xd, xs):
-    return _products_loop(FORM_Q4, qs, d, m, qh, sc, mn, xq, xd, xs)
+def _form_kernel(form: int):
+    """:func:`int8_matmul` for one form, the form a constant: Numba types an omitted argument by its
+    default's value, so LLVM sees ``form`` as a literal and drops the other forms' branches (see
+    :func:`_products_loop`). The function closes over nothing, so Numba caches its compiled code as it
+    does a top-level kernel's, an entry per form. Compiled on first use."""
+    def kernel(qs, d, m, qh, sc, mn, xq, xd, xs, form=form):
+        return _products_loop(form, qs, d, m, qh, sc, mn, xq, xd, xs)
 
-
-@njit(parallel=True, cache=True)
-def _matmul_q4k(qs, d, m, qh, sc, mn, xq, xd, xs):
-    return _products_loop(FORM_Q4K, qs, d, m, qh, sc, mn, xq, xd, xs)
-
-
-@njit(parallel=True, cache=True)
-def _matmul_q8(qs, d, m, qh, sc, mn, xq, xd, xs):
-    return _products_loop(FORM_Q8, qs, d, m, qh, sc, mn, xq, xd, xs)
-
-
-@njit(parallel=True, cache=True)
-def _matmul_q8a(qs, d, m, qh, sc, mn, xq, xd, xs):
-    return _products_loop(FORM_Q8A, qs, d, m, qh, sc, mn, xq, xd, xs)
-
-
-@njit(parallel=True, cache=True)
-def _matmul_q8a16(qs, d, m, qh, sc, mn, xq, xd, xs):
-    return _products_loop(FORM_Q8A16, qs, d, m, qh, sc, mn, xq, xd, xs)
-
-
-@njit(parallel=True, cache=True)
-def _matmul_q5_0(qs, d, m, qh, sc, mn, xq, xd, xs):
-    return _products_loop(FORM_Q5_0, qs, d, m, qh, sc, mn, xq, xd, xs)
-
-
-@njit(parallel=True, cache=True)
-def _matmul_q6_k(qs, d, m, qh, sc, mn, xq, xd, xs):
-    return _products_loop(FORM_Q6_K, qs, d, m, qh, sc, mn, xq, xd, xs)
-
-
-@njit(parallel=True, cache=True)
-def _matmul_q3_k(qs, d, m, qh, sc, mn, xq, xd, xs):
-    return _products_loop(FORM_Q3_K, qs, d, m, qh, sc, mn, xq, xd, xs)
+    return njit(parallel=True, cache=True)(kernel)
 
 
 #: each form's own kernel (:func:`int8_matmul`'s arguments less the form), by its integer ``FORM_*``
-MATMUL_BY_FORM = (_matmul_q4, _matmul_q4k, _matmul_q8, _matmul_q8a, _matmul_q8a16, _matmul_q5_0, _matmul_q6_k,
-                  _matmul_q3_k)
+MATMUL_BY_FORM = tuple(_form_kernel(form) for form in range(FORM_Q3_K + 1))
 
 
 def matmul_int8(x: np.ndarray, w: Int8Rows) -> np.ndarray:
