@@ -109,8 +109,8 @@ from .target import target_declares, target_lacks
 # Array arguments (C-contiguous, :class:`Int8Rows`'s): ``qs`` uint8
 # ``[groups, nb * 4 * 32]`` (per block four 32-byte words, see Int8Rows) or int8
 # ``[groups, nb * block / 4 * 32]``; ``d``, ``m`` float32 ``[groups, nb * 8]``; ``xq`` int8
-# ``[T, nb * block]``; ``xd``, ``xs`` float32 ``[T, nb]``; ``out`` float32
-# ``[T, groups * 8]``; ``group``, ``t`` integers.
+# ``[T, nb * block]``; ``xd``, ``xs`` float32 ``[T, nb]`` (a tile's kernel reads them tile-major:
+# ``_Activations``); ``out`` float32 ``[T, groups * 8]``; ``group``, ``t`` integers.
 
 _I8, _I16, _I32, _F32 = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.FloatType()
 _V32I8 = ir.VectorType(_I8, 32)
@@ -320,9 +320,10 @@ def _rows_dot_planes(context, builder, signature, args, hbits: int, bias: int, b
                      vnni: bool, n_t: int) -> None:
     """The ``"q4h"`` form's IR (:class:`Int8Rows`): a code is its nibble plus ``hbits`` high bits
     from bit planes, minus ``bias``. Per 32-code block, four nibble words and ``hbits`` plane words
-    give unsigned codes (``_high_bits``; with two high bits, crumb words instead: ``_crumbs``); their integer products with the activation codes, less
-    ``bias`` times the activations' code sum (``xsum`` holds that product, :func:`_code_sums`: an integer,
-    so the bias is applied exactly, as ggml subtracts it), are scaled per ``block`` (32, or 16: the low nibbles' half and the high
+    give unsigned codes (``_high_bits``; with two high bits, crumb words instead: ``_crumbs``); their
+    integer products with the activation codes, less ``bias`` times the activations' code sum
+    (``xsum`` holds that product, :func:`_code_sums`: an integer, so the bias is applied exactly, as
+    ggml subtracts it), are scaled per ``block`` (32, or 16: the low nibbles' half and the high
     nibbles' half then have scales of their own). ``k_scales``: the scales as a K-quant stores them,
     ``d`` per 256 weights times an integer ``sc`` per block (an exact float32 product, formed here).
     Arguments ``qs, qh, d, sc, xq, xd, xsum, out, group, t`` (``sc`` unused without ``k_scales``).
