@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from numba import njit
 
 import llmrs_core as llmrs
@@ -162,6 +164,20 @@ def test_attention_kernels_match_the_reference(tq, tk):
     assert normalised_error(ops.attention(q, k, v, *ops.NO_OPTIONS), want) <= tolerance
     for chunk in (128, 7):
         assert normalised_error(ops.attention_prefill(q, k, v, chunk=chunk), want) <= tolerance
+
+
+@given(n=st.integers(1, 600), threads=st.integers(2, 8))
+@settings(max_examples=50, deadline=None)
+def test_folded_query_order_visits_every_query_once_and_balances_the_threads(n, threads):
+    """``attention`` takes the queries in ``_folded`` order so that equal runs of iterations (what
+    ``prange`` gives each thread) hold equal causal work: every query exactly once, and each run's
+    keys within one query's worth of the fair share (in order, the last run of two had 3/4)."""
+    order = [ops._folded.py_func(i, n) for i in range(n)]
+    assert sorted(order) == list(range(n))
+    if n >= 4 * threads:
+        work = np.array(order) + 1.0  # query t attends to t + 1 keys
+        runs = [run.sum() for run in np.array_split(work, threads)]
+        assert max(runs) - min(runs) <= 2 * n, runs
 
 
 @pytest.mark.parametrize("options", [ops.NO_OPTIONS, (5, np.float32(0), np.float32(0)),

@@ -291,6 +291,17 @@ def _weigh(scores, n, v, kh, first, out, t, h, softcap, scale):
         s += 1
 
 
+@njit(cache=True, inline="always")
+def _folded(i, n):
+    """The ``i``-th of ``0 .. n - 1`` taken from both ends in turn: 0, n - 1, 1, n - 2, ...
+
+    A causal query's work grows with its position, and Numba's ``prange`` gives each thread an equal
+    run of iterations: in order, two threads got a quarter and three quarters of a prompt's attention
+    (measured on Llama-1B at 512 tokens: two threads 1.28x one). Folded, every run of iterations holds
+    early and late queries alike."""
+    return i // 2 if i % 2 == 0 else n - 1 - i // 2
+
+
 @njit(parallel=True, cache=True, error_model="numpy")  # see rms_norm
 def attention(q, k, v, window, softcap, scale):
     """Causal GQA attention: ``q [Tq, Hq, D]``, ``k, v [Tk, Hkv, D]`` -> ``[Tq, Hq, D]``.
@@ -301,7 +312,7 @@ def attention(q, k, v, window, softcap, scale):
     keys ``0 .. Tk - Tq + t``). One pass per (query, head) pair: scores,
     softmax, weighted sum of values, touching only the keys the query may
     see — half the work of a masked ``[Tq, Tk]`` product in prefill, and no
-    ``[Hq, Tq, Tk]`` temporary. The pairs run in parallel; from
+    ``[Hq, Tq, Tk]`` temporary. The pairs run in parallel, the queries in :func:`_folded` order; from
     :data:`TRANSPOSE_QUERIES` queries on, over keys transposed once.
     """
     tq, hq, dim = q.shape
@@ -316,7 +327,7 @@ def attention(q, k, v, window, softcap, scale):
                 kt[kh, e, s] = k[s, kh, e]
     out = np.zeros((tq, hq, dim), np.float32)
     for pair in prange(tq * hq):
-        t, h = pair // hq, pair % hq
+        t, h = _folded(pair // hq, tq), pair % hq
         limit = tk - tq + t + 1
         first = max(0, limit - window) if window > 0 else 0
         scores = np.empty(limit - first, np.float32)
