@@ -36,6 +36,7 @@ needs_int8 = pytest.mark.skipif(NO_INT8 is not None, reason=f"int8 kernels not c
 #: the kernel forms, by the GGML type each stands for: (source, code range, weights per scale, offsets?)
 FORMS = {
     "q4": ("Q4_1", (0, 16), 32, True),         # 4-bit codes and an offset per 32
+    "q4k": ("Q4_K", (0, 16), 32, True),        # the same with Q4_K's integer scales and minimums per 32, d per 256
     "q8": ("Q8_0", (-128, 128), 32, False),    # signed 8-bit codes
     "q5_0": ("Q5_0", (-16, 16), 32, False),    # "q4h": nibble + one bit plane, bias 16
     "q6_k": ("Q6_K", (-32, 32), 16, False),    # "q4h": nibble + two high bits (2-bit fields), bias 32, scale per 16
@@ -55,10 +56,17 @@ def random_matrix(kind: str, rows: int, cols: int, rng: np.random.Generator):
     m = rng.uniform(-0.5, 0.5, (rows, nb)).astype(np.float32) if offsets else np.zeros_like(d)
     if kind == "q4":
         return int8.int8_rows(pack_affine_q4(codes, d, m, source)), codes, d, m
+    # K-quant scales: d per 256 (ten significant bits, so that its products with the integer scales,
+    # the d and m the reference takes, are exact in float32) times an integer per block
+    d_super, dmin = (rng.integers(64, 640, (rows, cols // 256)).astype(np.float32) / 65536 for _ in range(2))
+    if kind == "q4k":  # w = d sc q - dmin mn, sc and mn 6-bit
+        sc, mn = (rng.integers(0, 64, (rows, nb)).astype(np.uint8) for _ in range(2))
+        d = np.repeat(d_super, 8, axis=1) * sc.astype(np.float32)
+        m = -np.repeat(dmin, 8, axis=1) * mn.astype(np.float32)
+        return int8.int8_rows_q4_k_parts(codes, d_super, dmin, sc, mn), codes, d, m
     if offsets:
         return int8.int8_rows_unsigned(codes, d, m, source), codes, d, m
-    if source in ("Q6_K", "Q3_K"):  # K-quant scales: d per 256 times an int8 sc per 16
-        d_super = rng.uniform(0.001, 0.01, (rows, cols // 256)).astype(np.float32)
+    if source in ("Q6_K", "Q3_K"):  # d per 256 times an int8 sc per 16
         sc = rng.integers(-128, 128, (rows, nb)).astype(np.int8)
         d = np.repeat(d_super, 16, axis=1) * sc.astype(np.float32)
         return int8.int8_rows_planes(codes, (d_super, sc), source, "q8_k"), codes, d, m
@@ -104,7 +112,7 @@ def test_row_major_copy_keeps_every_code():
         np.testing.assert_array_equal(d_rows, d)
         if FORMS[kind][3]:
             np.testing.assert_array_equal(m_rows, m)
-        if kind == "q4":
+        if kind in ("q4", "q4k"):
             b = qs.reshape(70, -1, 16)
             np.testing.assert_array_equal(np.concatenate([b & 15, b >> 4], -1).reshape(70, 256), codes)
         else:
@@ -182,7 +190,9 @@ def test_integer_part_is_exact(kind, seed, t_count, nb, extremes):
     if extremes:  # the largest pair sums vpmaddubsw sees: no int16 saturation allowed
         codes[:] = low if low < 0 else high - 1
         ones = np.ones((rows, cols // block), np.float32)
+        ones_k = np.ones((rows, cols // 256), np.float32), np.ones((rows, cols // block), np.uint8)
         copy = (int8.int8_rows(pack_affine_q4(codes, ones, 0 * ones, source)) if kind == "q4" else
+                int8.int8_rows_q4_k_parts(codes, ones_k[0], 0 * ones_k[0], ones_k[1], 0 * ones_k[1]) if kind == "q4k" else
                 int8.int8_rows_unsigned(codes, ones, 0 * ones, source) if offsets else
                 int8.int8_rows_planes(codes, (ones[:, :cols // 256], ones.astype(np.int8)), source, "q8_k")
                 if source in ("Q6_K", "Q3_K") else int8.int8_rows(pack_q8(codes, ones, source, block=block)))
@@ -222,7 +232,7 @@ def test_products_are_the_quantised_arithmetic(kind, t_count, cols):
 
 
 @needs_int8
-@pytest.mark.parametrize("kind", ["q4", "q6_k", "q8"])
+@pytest.mark.parametrize("kind", ["q4", "q4k", "q6_k", "q8"])
 def test_a_row_computes_the_same_bits_in_any_chunk_tile_or_alone(kind):
     """Past one chunk (:data:`int8.CHUNK_ROWS`) of activation rows the kernel takes the weights again
     for the next; tiles read the activations tile-major, the rows after the last whole tile read them
@@ -421,9 +431,13 @@ def test_fused_parts_keep_their_types_form():
 
 
 @needs_int8
-def test_q4_k_scales_as_stored_give_the_same_numbers_in_fewer_bytes():
-    """``"q4k"`` forms ``d sc`` and ``-dmin mn`` in the kernel (exact float32 products) instead of
-    reading them: the products must be the ``"q4"`` copy's bit for bit, from 19 bytes per 32 weights."""
+def test_q4_k_copy_from_the_files_bytes_keeps_its_integer_scales():
+    """A Q4_K matrix's copy made from its bytes (``"q4k"``: 19 bytes per 32 weights) keeps the 6-bit
+    scales and minimums as integers, applied in int32 per super-block as ggml applies them; the
+    ``"q4"`` copy of the same matrix (24 bytes: ``d sc`` and ``-dmin mn`` as float32 per block) is the
+    same matrix in the float arithmetic. Both must be the exact product to float32 rounding (a
+    scale applied to the wrong block, or a minimum's sign, moves them by far more), and a copy cut
+    into parts and stacked again must give the same bits."""
     from llmrs_core.kernels.cpu.packing import pack_raw
     from llmrs_core.quant import registry
     from llmrs_core.quant.types import GGMLType
@@ -434,11 +448,16 @@ def test_q4_k_scales_as_stored_give_the_same_numbers_in_fewer_bytes():
     q4 = int8.int8_rows(pack_raw(raw, GGMLType.Q4_K, (rows, cols)))
     q4k = int8.int8_rows_q4_k(raw, (rows, cols))
     assert q4k.kind == "q4k" and q4k.nbytes * 24 == q4.nbytes * 19
-    for t_count in (1, 5, 17):
-        x = rng.standard_normal((t_count, cols)).astype(np.float32)
-        np.testing.assert_array_equal(int8.matmul_int8(x, q4k), int8.matmul_int8(x, q4), f"{t_count} rows")
     for a, b in zip(q4k.row_major(), q4.row_major()):
         np.testing.assert_array_equal(a, b)
+    codes, d, m = q4.row_major()
+    codes = np.concatenate([codes.reshape(rows, -1, 16) & 15, codes.reshape(rows, -1, 16) >> 4], -1).reshape(rows, cols)
+    for t_count in (1, 5, 17):
+        x = rng.standard_normal((t_count, cols)).astype(np.float32)
+        terms = block_terms(codes, d, m, *quantize_activations(x, "q8_k", 32))
+        for copy in (q4k, q4):
+            off = np.abs(int8.matmul_int8(x, copy) - terms.sum(axis=(-2, -1)))
+            assert (off <= rounding_bound(terms)).all(), f"{copy.kind}, {t_count} rows: off by {off.max():.3g}"
     halves = int8.Int8Rows.stack([q4k.row_slice(0, 32), q4k.row_slice(32, rows)])
     np.testing.assert_array_equal(int8.matmul_int8(x, halves), int8.matmul_int8(x, q4k))
 
