@@ -995,13 +995,24 @@ def _tile_major(a):
     return out
 
 
-@njit(cache=True, inline="always")
-def _products_loop(form, qs, d, m, qh, sc, mn, xq, xd, xs):
-    """:func:`int8_matmul`'s loop, inlined into each caller. Where ``form`` is a constant there (the
-    kernels of :data:`MATMUL_BY_FORM`, which :func:`products` calls), LLVM drops the other forms'
-    branches of :func:`_rows`, and their values stop competing for registers in the tile loop:
-    measured at T = 512 on Llama-1B's Q4_K and Q6_K matrices, one thread, in one process, 8% faster
-    with row-major activations, 1-4% with the tile-major ones (one pointer per array)."""
+@njit(parallel=True, cache=True)
+def int8_matmul(form, qs, d, m, qh, sc, mn, xq, xd, xs):
+    """``[T, groups * GROUP_ROWS]``: every row of an int8 copy (:attr:`Int8Rows.kernel_args`: its
+    ``form`` and arrays) against every row of activations quantised for it.
+
+    The work is cut into (chunk of :data:`CHUNK_ROWS` activation rows, group of weight rows)
+    pieces, split across threads; a piece takes its group against the chunk's activation
+    rows a tile at a time (:data:`X_ROWS`: each loaded weight word serves the whole tile), then
+    the rest one by one, so the group's bytes come from memory once per chunk and from L1 for
+    the other rows, and the chunk's activations from L2/L3. Which row dot products a piece
+    runs is the form's (:func:`_rows`).
+
+    One kernel for every form, the form a value: a copy of it per form (the form a constant to
+    LLVM) measured the same at T = 512 on Llama-1B's Q4_K and Q6_K matrices, once the integer
+    scales and tile-major activations were in; and made as closures sharing one code object with
+    the form an omitted argument, all but the first such copy missed Numba's C dispatch and went
+    through its Python path, 80 µs a call.
+    """
     groups, t_count = qs.shape[0], xq.shape[0]
     out = np.empty((t_count, groups * GROUP_ROWS), np.float32)
     xsum = _code_sums(form, xq, xd)
@@ -1028,39 +1039,6 @@ def _products_loop(form, qs, d, m, qh, sc, mn, xq, xd, xs):
     return out
 
 
-@njit(parallel=True, cache=True)
-def int8_matmul(form, qs, d, m, qh, sc, mn, xq, xd, xs):
-    """``[T, groups * GROUP_ROWS]``: every row of an int8 copy (:attr:`Int8Rows.kernel_args`: its
-    ``form`` and arrays) against every row of activations quantised for it.
-
-    The work is cut into (chunk of :data:`CHUNK_ROWS` activation rows, group of weight rows)
-    pieces, split across threads; a piece takes its group against the chunk's activation
-    rows a tile at a time (:data:`X_ROWS`: each loaded weight word serves the whole tile), then
-    the rest one by one, so the group's bytes come from memory once per chunk and from L1 for
-    the other rows, and the chunk's activations from L2/L3. Which row dot products a piece
-    runs is the form's (:func:`_rows`): one loop for every form (:func:`_products_loop`).
-
-    This kernel takes the form as a value: the compiled decode step's matrices differ in form.
-    :func:`products` calls the form's own copy of the loop instead (:data:`MATMUL_BY_FORM`).
-    """
-    return _products_loop(form, qs, d, m, qh, sc, mn, xq, xd, xs)
-
-
-def _form_kernel(form: int):
-    """:func:`int8_matmul` for one form, the form a constant: Numba types an omitted argument by its
-    default's value, so LLVM sees ``form`` as a literal and drops the other forms' branches (see
-    :func:`_products_loop`). The function closes over nothing, so Numba caches its compiled code as it
-    does a top-level kernel's, an entry per form. Compiled on first use."""
-    def kernel(qs, d, m, qh, sc, mn, xq, xd, xs, form=form):
-        return _products_loop(form, qs, d, m, qh, sc, mn, xq, xd, xs)
-
-    return njit(parallel=True, cache=True)(kernel)
-
-
-#: each form's own kernel (:func:`int8_matmul`'s arguments less the form), by its integer ``FORM_*``
-MATMUL_BY_FORM = tuple(_form_kernel(form) for form in range(FORM_Q3_K + 1))
-
-
 def matmul_int8(x: np.ndarray, w: Int8Rows) -> np.ndarray:
     """``x [T, cols] @ W.T -> [T, rows]`` float32 through 8-bit activations (the weight type's
     scheme, rounded as llama.cpp rounds them: :mod:`.activations`) and integer dot products.
@@ -1077,10 +1055,10 @@ def products(w: Int8Rows, xq: np.ndarray, xd: np.ndarray, xs: np.ndarray) -> np.
     """``[T, rows]``: the kernel of ``w``'s form on activations quantised already (``xq`` int8 ``[T, cols]``,
     ``xd``, ``xs`` float32 ``[T, cols / w.block]``, as :func:`.activations.quantize_activations` gives them)."""
     form, *arrays = w.kernel_args
-    out = MATMUL_BY_FORM[form](*arrays, xq, xd, xs)
+    out = int8_matmul(form, *arrays, xq, xd, xs)
     return out if out.shape[1] == w.rows else out[:, : w.rows]
 
 
-__all__ = ["GROUP_ROWS", "MATMUL_BY_FORM", "X_ROWS", "Int8Rows", "int8_instructions", "int8_matmul", "int8_rows",
+__all__ = ["GROUP_ROWS", "X_ROWS", "Int8Rows", "int8_instructions", "int8_matmul", "int8_rows",
            "int8_rows_from_blocks", "int8_rows_planes", "int8_rows_q4_k", "int8_rows_q4_k_parts", "int8_rows_unsigned", "int8_unavailable", "matmul_int8", "products",
            "quantize_q8_1"]
