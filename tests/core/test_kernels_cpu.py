@@ -166,6 +166,29 @@ def test_attention_kernels_match_the_reference(tq, tk):
         assert normalised_error(ops.attention_prefill(q, k, v, chunk=chunk), want) <= tolerance
 
 
+@njit
+def _weighted_values(p, v, kh, first, n, out, at):
+    ops._add_weighted_values(p, v, kh, first, n, out, at)
+
+
+@pytest.mark.parametrize("dim", [7, 16, 64, 80, 136])  # 64-wide blocks, then eight, then one at a time
+def test_weighted_values_are_summed_key_by_key_in_float32(dim):
+    """The attention's P.V (an IR kernel holding the output row in registers) must give the bits of
+    ``o[e] = o[e] + p[s] * v[s, e]`` key after key in float32 (no fused multiply-add, no reordering):
+    the bits a prompt's query and a decode step's share. NumPy's float32 ``*`` and ``+`` are exactly
+    that; a wrong row stride, head or first key, or a fused multiply-add, moves them."""
+    rng = np.random.default_rng(dim)
+    tk, hkv, n, first, kh = 40, 3, 29, 6, 2
+    v = rng.standard_normal((tk, hkv, dim)).astype(np.float32)
+    p = rng.random(n + 3).astype(np.float32)  # entries past n must not be read
+    out = rng.standard_normal((2, 4, dim)).astype(np.float32)
+    want = out.copy()
+    for s in range(n):
+        want[1, 2] = want[1, 2] + p[s] * v[first + s, kh]
+    _weighted_values(p, v, kh, first, n, out, (1 * 4 + 2) * dim)
+    np.testing.assert_array_equal(out.view(np.uint32), want.view(np.uint32))
+
+
 @given(n=st.integers(1, 600), threads=st.integers(2, 8))
 @settings(max_examples=50, deadline=None)
 def test_folded_query_order_visits_every_query_once_and_balances_the_threads(n, threads):
