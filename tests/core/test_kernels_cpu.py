@@ -167,25 +167,26 @@ def test_attention_kernels_match_the_reference(tq, tk):
 
 
 @njit
-def _weighted_values(p, v, kh, first, n, out, at):
-    ops._add_weighted_values(p, v, kh, first, n, out, at)
+def _weighted_rows(w, w_at, m, start, stride, count, width, out, at):
+    ops._add_weighted_rows(w, w_at, m, start, stride, count, width, out, at)
 
 
-@pytest.mark.parametrize("dim", [7, 16, 64, 80, 136])  # 64-wide blocks, then eight, then one at a time
-def test_weighted_values_are_summed_key_by_key_in_float32(dim):
-    """The attention's P.V (an IR kernel holding the output row in registers) must give the bits of
-    ``o[e] = o[e] + p[s] * v[s, e]`` key after key in float32 (no fused multiply-add, no reordering):
-    the bits a prompt's query and a decode step's share. NumPy's float32 ``*`` and ``+`` are exactly
-    that; a wrong row stride, head or first key, or a fused multiply-add, moves them."""
-    rng = np.random.default_rng(dim)
-    tk, hkv, n, first, kh = 40, 3, 29, 6, 2
-    v = rng.standard_normal((tk, hkv, dim)).astype(np.float32)
-    p = rng.random(n + 3).astype(np.float32)  # entries past n must not be read
-    out = rng.standard_normal((2, 4, dim)).astype(np.float32)
+@pytest.mark.parametrize("width", [7, 16, 64, 80, 136])  # 64-wide blocks, then eight, then one at a time
+def test_weighted_rows_are_summed_term_by_term_in_float32(width):
+    """Attention's two products (an IR kernel holding a block of outputs in registers) must give the
+    bits of ``o[j] = o[j] + w[i] * m[i, j]`` term after term in float32 (no fused multiply-add, no
+    reordering): the bits a prompt's query and a decode step's share. NumPy's float32 ``*`` and ``+``
+    are exactly that; a wrong stride, start or offset, or a fused multiply-add, moves them."""
+    rng = np.random.default_rng(width)
+    rows, count, stride, first = 40, 29, width + 5, 6  # rows of m apart by more than the width read
+    m = rng.standard_normal((rows * stride + width,)).astype(np.float32)
+    w = rng.random(count + 10).astype(np.float32)  # entries outside [3, 3 + count) must not be read
+    out = rng.standard_normal((2, 4, width)).astype(np.float32)
     want = out.copy()
-    for s in range(n):
-        want[1, 2] = want[1, 2] + p[s] * v[first + s, kh]
-    _weighted_values(p, v, kh, first, n, out, (1 * 4 + 2) * dim)
+    for i in range(count):
+        start = (first + i) * stride
+        want[1, 2] = want[1, 2] + w[3 + i] * m[start:start + width]
+    _weighted_rows(w, 3, m, first * stride, stride, count, width, out, (1 * 4 + 2) * width)
     np.testing.assert_array_equal(out.view(np.uint32), want.view(np.uint32))
 
 

@@ -55,84 +55,81 @@ _F32 = ir.FloatType()
 _V8F = ir.VectorType(_F32, 8)
 
 
-def _weighted_block(builder, p, n, v_row, row_stride, o, e0, vectors: int, lanes: int) -> None:
-    """The IR of ``o[e0 + j] += p[s] * v_row(s)[e0 + j]`` for ``s`` in ``0 .. n - 1``, in that order, for
-    ``j`` below ``vectors * lanes``: the block's sums stay in ``vectors`` registers of ``lanes`` floats
-    across the keys (independent chains), each term a product then a sum (no fused multiply-add)."""
+def _weighted_block(builder, w, count, rows, stride, o, j0, vectors: int, lanes: int) -> None:
+    """The IR of ``o[j0 + j] += w[i] * rows[i * stride + j0 + j]`` for ``i`` in ``0 .. count - 1``, in that
+    order, for ``j`` below ``vectors * lanes``: the block's sums stay in ``vectors`` registers of ``lanes``
+    floats across all ``i`` (independent chains), each term a product then a sum (no fused multiply-add)."""
     vtype = _V8F if lanes == 8 else _F32
+    intp = j0.type
 
     def at(base, index):
-        ptr = builder.gep(base, [index])
+        ptr = builder.gep(base, [builder.add(index, ir.Constant(intp, 0))])
         return builder.bitcast(ptr, vtype.as_pointer()) if lanes == 8 else ptr
 
-    intp = e0.type
     accs = []
-    for i in range(vectors):
+    for k in range(vectors):
         acc = cgutils.alloca_once(builder, vtype)
-        builder.store(builder.load(at(o, builder.add(e0, ir.Constant(intp, i * lanes))), align=4), acc)
+        builder.store(builder.load(at(o, builder.add(j0, ir.Constant(intp, k * lanes))), align=4), acc)
         accs.append(acc)
-    with cgutils.for_range(builder, n) as keys:
-        weight = builder.load(builder.gep(p, [keys.index]))
+    with cgutils.for_range(builder, count) as terms:
+        weight = builder.load(builder.gep(w, [terms.index]))
         if lanes == 8:
-            weight = builder.shuffle_vector(builder.insert_element(ir.Constant(_V8F, ir.Undefined), weight,
-                                                                   ir.Constant(ir.IntType(32), 0)),
-                                            ir.Constant(_V8F, ir.Undefined), ir.Constant(ir.VectorType(ir.IntType(32), 8), [0] * 8))
-        row = builder.gep(v_row, [builder.add(builder.mul(keys.index, row_stride), e0)])
-        for i, acc in enumerate(accs):
-            term = builder.fmul(weight, builder.load(at(row, ir.Constant(intp, i * lanes)), align=4))
+            lane0 = builder.insert_element(ir.Constant(_V8F, ir.Undefined), weight, ir.Constant(ir.IntType(32), 0))
+            weight = builder.shuffle_vector(lane0, ir.Constant(_V8F, ir.Undefined),
+                                            ir.Constant(ir.VectorType(ir.IntType(32), 8), [0] * 8))
+        row = builder.gep(rows, [builder.add(builder.mul(terms.index, stride), j0)])
+        for k, acc in enumerate(accs):
+            term = builder.fmul(weight, builder.load(at(row, ir.Constant(intp, k * lanes)), align=4))
             builder.store(builder.fadd(builder.load(acc), term), acc)
-    for i, acc in enumerate(accs):
-        builder.store(builder.load(acc), at(o, builder.add(e0, ir.Constant(intp, i * lanes))), align=4)
+    for k, acc in enumerate(accs):
+        builder.store(builder.load(acc), at(o, builder.add(j0, ir.Constant(intp, k * lanes))), align=4)
 
 
-#: the output row's floats kept in registers across the keys at once: eight vectors of eight, all of a
+#: the output's floats kept in registers across all terms at once: eight vectors of eight, all of a
 #: 64-wide head's row (AVX2's sixteen registers hold them and a term). Measured on Llama-1B's 512-token
-#: attention (32 heads of 64), one thread: 47 -> 35 ms a layer; 128-wide heads (two blocks) 41 ms
-#: either way. 32 left a 64-wide row in two passes over the keys; 128 spilled
-PV_BLOCK = 64
+#: attention (32 heads of 64), one thread: 47 -> 35 ms a layer with the weighted sum of values through
+#: here; 128-wide heads (two blocks) 41 ms either way. 32 left a 64-wide row in two passes; 128 spilled
+ROW_BLOCK = 64
 
 
 @intrinsic
-def _add_weighted_values(typingctx, p, v, kh, first, n, out, at):
-    """``out.flat[at + e] += sum_s p[s] * v[first + s, kh, e]`` for ``e < D``, ``s < n`` (``p [>= n]``,
-    ``v [Tk, Hkv, D]``, ``out`` any C-contiguous float32 array), each sum over ``s`` in order, a
-    product then a sum per term: the bits of ``for s: for e: o[e] = o[e] + p[s] * v[s, e]``.
+def _add_weighted_rows(typingctx, w, w_at, m, start, stride, count, width, out, at):
+    """``out.flat[at + j] += sum_i w.flat[w_at + i] * m.flat[start + i * stride + j]`` for ``j < width``,
+    ``i < count`` (float32 C-contiguous arrays), each sum over ``i`` in order, a product then a sum per
+    term: the bits of ``for i: for j: o[j] = o[j] + w[i] * m[i, j]``. Attention's two products are this:
+    the scores (``w`` a query, ``m`` the keys transposed, ``j`` over keys, ``i`` over ``e``) and the
+    weighted sum of values (``w`` the weights, ``m`` the values, ``j`` over ``e``, ``i`` over keys).
 
-    Written as IR because that loop nest, however ordered, left the output row in memory: a load
-    and a store of ``o`` per pass over the keys. Here the row is taken :data:`PV_BLOCK` floats at a
-    time, held in registers across all ``n`` keys (eight independent chains of eight lanes), then the
-    rest eight and one at a time. The block sizes change no bits: each ``e`` is summed on its own."""
-    arrays = (p, v, out)
-    if not all(isinstance(a, types.Array) and a.dtype == types.float32 and a.layout == "C" for a in arrays):
-        return None
-    if v.ndim != 3:
+    Written as IR because that loop nest, however ordered in Numba, left the output in memory: a
+    load and a store of each ``o[j]`` per pass over the terms. Here the output is taken
+    :data:`ROW_BLOCK` floats at a time, held in registers across all ``count`` terms (eight
+    independent chains of eight lanes), then the rest eight and one at a time. The block sizes
+    change no bits: each ``j`` is summed on its own."""
+    if not all(isinstance(a, types.Array) and a.dtype == types.float32 and a.layout == "C" for a in (w, m, out)):
         return None
 
     def codegen(context, builder, signature, args):
-        p_a, v_a, out_a = (context.make_array(t)(context, builder, a) for t, a in
-                           zip((signature.args[0], signature.args[1], signature.args[5]), (args[0], args[1], args[5])))
-        kh_, first_, n_, at_ = (context.cast(builder, args[i], signature.args[i], types.intp) for i in (2, 3, 4, 6))
-        intp = kh_.type
-        shape = cgutils.unpack_tuple(builder, v_a.shape, 3)
-        hkv, dim = shape[1], shape[2]
-        row_stride = builder.mul(hkv, dim)
-        v_row = builder.gep(v_a.data, [builder.mul(builder.add(builder.mul(first_, hkv), kh_), dim)])
-        o = builder.gep(out_a.data, [at_])
-        wide = builder.udiv(dim, ir.Constant(intp, PV_BLOCK))
+        w_a, m_a, out_a = (context.make_array(signature.args[i])(context, builder, args[i]) for i in (0, 2, 7))
+        w_at_, start_, stride_, count_, width_, at_ = (context.cast(builder, args[i], signature.args[i], types.intp)
+                                                        for i in (1, 3, 4, 5, 6, 8))
+        intp = at_.type
+        w_ptr, rows, o = (builder.gep(w_a.data, [w_at_]), builder.gep(m_a.data, [start_]),
+                          builder.gep(out_a.data, [at_]))
+        wide = builder.udiv(width_, ir.Constant(intp, ROW_BLOCK))
         with cgutils.for_range(builder, wide) as blocks:
-            e0 = builder.mul(blocks.index, ir.Constant(intp, PV_BLOCK))
-            _weighted_block(builder, p_a.data, n_, v_row, row_stride, o, e0, PV_BLOCK // 8, 8)
-        done = builder.mul(wide, ir.Constant(intp, PV_BLOCK))
-        eights = builder.udiv(builder.sub(dim, done), ir.Constant(intp, 8))
+            j0 = builder.mul(blocks.index, ir.Constant(intp, ROW_BLOCK))
+            _weighted_block(builder, w_ptr, count_, rows, stride_, o, j0, ROW_BLOCK // 8, 8)
+        done = builder.mul(wide, ir.Constant(intp, ROW_BLOCK))
+        eights = builder.udiv(builder.sub(width_, done), ir.Constant(intp, 8))
         with cgutils.for_range(builder, eights) as blocks:
-            e0 = builder.add(done, builder.mul(blocks.index, ir.Constant(intp, 8)))
-            _weighted_block(builder, p_a.data, n_, v_row, row_stride, o, e0, 1, 8)
+            j0 = builder.add(done, builder.mul(blocks.index, ir.Constant(intp, 8)))
+            _weighted_block(builder, w_ptr, count_, rows, stride_, o, j0, 1, 8)
         done = builder.add(done, builder.mul(eights, ir.Constant(intp, 8)))
-        with cgutils.for_range(builder, builder.sub(dim, done)) as rest:
-            _weighted_block(builder, p_a.data, n_, v_row, row_stride, o, builder.add(done, rest.index), 1, 1)
+        with cgutils.for_range(builder, builder.sub(width_, done)) as rest:
+            _weighted_block(builder, w_ptr, count_, rows, stride_, o, builder.add(done, rest.index), 1, 1)
         return context.get_dummy_value()
 
-    return types.void(p, v, kh, first, n, out, at), codegen
+    return types.void(w, w_at, m, start, stride, count, width, out, at), codegen
 
 
 _EXP_HI = np.float32(88.72283)  # the clamp above; from 127.5 ln 2 = 88.38 on, 2**n is 2**128 = inf: +inf
@@ -363,7 +360,8 @@ def _weigh(scores, n, v, kh, first, out, t, h, softcap, scale):
     inv = np.float32(1) / _lane_sum(scores, n)
     for s in range(n):
         scores[s] = scores[s] * inv
-    _add_weighted_values(scores, v, kh, first, n, out, (t * out.shape[1] + h) * dim)
+    hkv = v.shape[1]  # v [Tk, Hkv, D]: key first + s of head kh at ((first + s) Hkv + kh) D
+    _add_weighted_rows(scores, 0, v, (first * hkv + kh) * dim, hkv * dim, n, dim, out, (t * out.shape[1] + h) * dim)
 
 
 @njit(cache=True, inline="always")
@@ -406,7 +404,7 @@ def attention(q, k, v, window, softcap, scale):
             for e in range(dim):
                 vh[row, 0, e] = v[s, kh, e]
     else:
-        vh = np.ascontiguousarray(v)  # _add_weighted_values reads rows of a C-contiguous array
+        vh = np.ascontiguousarray(v)  # _add_weighted_rows reads rows of a C-contiguous array
     if transposed:
         for row in prange(hkv * dim):
             kh, e = row // dim, row % dim
