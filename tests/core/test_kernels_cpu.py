@@ -168,7 +168,12 @@ def test_attention_kernels_match_the_reference(tq, tk):
 
 @njit
 def _weighted_rows(w, w_at, m, start, stride, count, width, out, at):
-    ops._add_weighted_rows(w, w_at, m, start, stride, count, width, out, at)
+    ops._add_weighted_rows(w, w_at, 0, m, start, stride, count, width, out, at, 0)
+
+
+@njit
+def _weighted_rows_4(w, w_at, w_stride, m, start, stride, count, width, out, at, out_stride):
+    ops._add_weighted_rows_4(w, w_at, w_stride, m, start, stride, count, width, out, at, out_stride)
 
 
 @pytest.mark.parametrize("width", [7, 16, 64, 80, 136])  # 64-wide blocks, then eight, then one at a time
@@ -188,6 +193,16 @@ def test_weighted_rows_are_summed_term_by_term_in_float32(width):
         want[1, 2] = want[1, 2] + w[3 + i] * m[start:start + width]
     _weighted_rows(w, 3, m, first * stride, stride, count, width, out, (1 * 4 + 2) * width)
     np.testing.assert_array_equal(out.view(np.uint32), want.view(np.uint32))
+    # four rows at once (four queries' scores): rows 0, 2, 4, 6 of w, into out rows 0, 2, 4, 6
+    w4 = rng.random((7, count)).astype(np.float32)
+    out4 = rng.standard_normal((7, width)).astype(np.float32)
+    want4 = out4.copy()
+    for r in range(0, 7, 2):
+        for i in range(count):
+            start = (first + i) * stride
+            want4[r] = want4[r] + w4[r, i] * m[start:start + width]
+    _weighted_rows_4(w4, 0, 2 * count, m, first * stride, stride, count, width, out4, 0, 2 * width)
+    np.testing.assert_array_equal(out4.view(np.uint32), want4.view(np.uint32))
 
 
 @given(n=st.integers(1, 600), threads=st.integers(2, 8))
@@ -207,8 +222,9 @@ def test_folded_query_order_visits_every_query_once_and_balances_the_threads(n, 
 @pytest.mark.parametrize("options", [ops.NO_OPTIONS, (5, np.float32(0), np.float32(0)),
                                      (0, np.float32(3.0), np.float32(0.2))])
 def test_a_prompts_query_and_a_decode_steps_give_the_same_bits(options):
-    """From ``TRANSPOSE_QUERIES`` queries on, attention sums its scores across transposed keys; a
-    decode step's one query reads them in place. Both sum each score in the same order, so a
+    """From ``TRANSPOSE_QUERIES`` queries on, attention sums its scores across transposed keys, four
+    queries at a time (``QUERY_TILE``; here three tiles and one query after them); a decode step's one
+    query reads them in place. Both sum each score in the same order, so a
     query's output does not depend on how many came with it (the int8 path's batch invariance);
     with a window, a soft-cap and a scale too. A fastmath or reordered sum on either side fails this."""
     rng = np.random.default_rng(8)

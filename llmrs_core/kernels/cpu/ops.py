@@ -55,81 +55,103 @@ _F32 = ir.FloatType()
 _V8F = ir.VectorType(_F32, 8)
 
 
-def _weighted_block(builder, w, count, rows, stride, o, j0, vectors: int, lanes: int) -> None:
-    """The IR of ``o[j0 + j] += w[i] * rows[i * stride + j0 + j]`` for ``i`` in ``0 .. count - 1``, in that
-    order, for ``j`` below ``vectors * lanes``: the block's sums stay in ``vectors`` registers of ``lanes``
-    floats across all ``i`` (independent chains), each term a product then a sum (no fused multiply-add)."""
+def _weighted_block(builder, weights, count, rows, stride, outs, j0, vectors: int, lanes: int) -> None:
+    """The IR of ``outs[r][j0 + j] += weights[r][i] * rows[i * stride + j0 + j]`` for ``i`` in ``0 .. count - 1``,
+    in that order, for each row ``r`` and ``j`` below ``vectors * lanes``: the block's sums stay in
+    registers (``vectors`` of ``lanes`` floats per row: independent chains) across all ``i``; each term
+    of ``rows`` is loaded once for all rows, and is a product then a sum (no fused multiply-add)."""
     vtype = _V8F if lanes == 8 else _F32
     intp = j0.type
 
     def at(base, index):
-        ptr = builder.gep(base, [builder.add(index, ir.Constant(intp, 0))])
+        ptr = builder.gep(base, [index])
         return builder.bitcast(ptr, vtype.as_pointer()) if lanes == 8 else ptr
 
-    accs = []
-    for k in range(vectors):
-        acc = cgutils.alloca_once(builder, vtype)
-        builder.store(builder.load(at(o, builder.add(j0, ir.Constant(intp, k * lanes))), align=4), acc)
-        accs.append(acc)
+    def offset(k):
+        return builder.add(j0, ir.Constant(intp, k * lanes))
+
+    accs = [[cgutils.alloca_once(builder, vtype) for _ in range(vectors)] for _ in outs]
+    for o, row_accs in zip(outs, accs):
+        for k, acc in enumerate(row_accs):
+            builder.store(builder.load(at(o, offset(k)), align=4), acc)
     with cgutils.for_range(builder, count) as terms:
-        weight = builder.load(builder.gep(w, [terms.index]))
-        if lanes == 8:
-            lane0 = builder.insert_element(ir.Constant(_V8F, ir.Undefined), weight, ir.Constant(ir.IntType(32), 0))
-            weight = builder.shuffle_vector(lane0, ir.Constant(_V8F, ir.Undefined),
-                                            ir.Constant(ir.VectorType(ir.IntType(32), 8), [0] * 8))
-        row = builder.gep(rows, [builder.add(builder.mul(terms.index, stride), j0)])
-        for k, acc in enumerate(accs):
-            term = builder.fmul(weight, builder.load(at(row, ir.Constant(intp, k * lanes)), align=4))
-            builder.store(builder.fadd(builder.load(acc), term), acc)
-    for k, acc in enumerate(accs):
-        builder.store(builder.load(acc), at(o, builder.add(j0, ir.Constant(intp, k * lanes))), align=4)
+        row = builder.gep(rows, [builder.mul(terms.index, stride)])
+        values = [builder.load(at(row, offset(k)), align=4) for k in range(vectors)]
+        for w, row_accs in zip(weights, accs):
+            weight = builder.load(builder.gep(w, [terms.index]))
+            if lanes == 8:
+                lane0 = builder.insert_element(ir.Constant(_V8F, ir.Undefined), weight, ir.Constant(ir.IntType(32), 0))
+                weight = builder.shuffle_vector(lane0, ir.Constant(_V8F, ir.Undefined),
+                                                ir.Constant(ir.VectorType(ir.IntType(32), 8), [0] * 8))
+            for value, acc in zip(values, row_accs):
+                builder.store(builder.fadd(builder.load(acc), builder.fmul(weight, value)), acc)
+    for o, row_accs in zip(outs, accs):
+        for k, acc in enumerate(row_accs):
+            builder.store(builder.load(acc), at(o, offset(k)), align=4)
 
 
-#: the output's floats kept in registers across all terms at once: eight vectors of eight, all of a
-#: 64-wide head's row (AVX2's sixteen registers hold them and a term). Measured on Llama-1B's 512-token
-#: attention (32 heads of 64), one thread: 47 -> 35 ms a layer with the weighted sum of values through
-#: here; 128-wide heads (two blocks) 41 ms either way. 32 left a 64-wide row in two passes; 128 spilled
+#: the outputs kept in registers across all terms at once: eight vectors of eight, all of a 64-wide
+#: head's row (AVX2's sixteen registers hold them and a term), shared among the rows taken together.
+#: Measured on Llama-1B's 512-token attention (32 heads of 64), one thread: 47 -> 35 ms a layer with
+#: the weighted sum of values through here; 128-wide heads (two blocks) 41 ms either way. 32 floats
+#: left a 64-wide row in two passes; 128 spilled
 ROW_BLOCK = 64
 
 
-@intrinsic
-def _add_weighted_rows(typingctx, w, w_at, m, start, stride, count, width, out, at):
-    """``out.flat[at + j] += sum_i w.flat[w_at + i] * m.flat[start + i * stride + j]`` for ``j < width``,
-    ``i < count`` (float32 C-contiguous arrays), each sum over ``i`` in order, a product then a sum per
-    term: the bits of ``for i: for j: o[j] = o[j] + w[i] * m[i, j]``. Attention's two products are this:
-    the scores (``w`` a query, ``m`` the keys transposed, ``j`` over keys, ``i`` over ``e``) and the
-    weighted sum of values (``w`` the weights, ``m`` the values, ``j`` over ``e``, ``i`` over keys).
+def _weighted_rows_intrinsic(n_rows: int):
+    """:func:`_add_weighted_rows` for ``n_rows`` rows of weights (and of outputs) at once."""
+
+    def typer(typingctx, w, w_at, w_stride, m, start, stride, count, width, out, at, out_stride):
+        if not all(isinstance(a, types.Array) and a.dtype == types.float32 and a.layout == "C" for a in (w, m, out)):
+            return None
+        return types.void(w, w_at, w_stride, m, start, stride, count, width, out, at, out_stride), codegen
+
+    def codegen(context, builder, signature, args):
+        w_a, m_a, out_a = (context.make_array(signature.args[i])(context, builder, args[i]) for i in (0, 3, 8))
+        w_at, w_stride, start, stride, count, width, at, out_stride = (
+            context.cast(builder, args[i], signature.args[i], types.intp) for i in (1, 2, 4, 5, 6, 7, 9, 10))
+        intp = at.type
+
+        def const(value):
+            return ir.Constant(intp, value)
+
+        weights = [builder.gep(w_a.data, [builder.add(w_at, builder.mul(w_stride, const(r)))]) for r in range(n_rows)]
+        outs = [builder.gep(out_a.data, [builder.add(at, builder.mul(out_stride, const(r)))]) for r in range(n_rows)]
+        rows = builder.gep(m_a.data, [start])
+        block = ROW_BLOCK // n_rows
+        wide = builder.udiv(width, const(block))
+        with cgutils.for_range(builder, wide) as blocks:
+            _weighted_block(builder, weights, count, rows, stride, outs, builder.mul(blocks.index, const(block)),
+                            block // 8, 8)
+        done = builder.mul(wide, const(block))
+        eights = builder.udiv(builder.sub(width, done), const(8))
+        with cgutils.for_range(builder, eights) as blocks:
+            _weighted_block(builder, weights, count, rows, stride, outs,
+                            builder.add(done, builder.mul(blocks.index, const(8))), 1, 8)
+        done = builder.add(done, builder.mul(eights, const(8)))
+        with cgutils.for_range(builder, builder.sub(width, done)) as rest:
+            _weighted_block(builder, weights, count, rows, stride, outs, builder.add(done, rest.index), 1, 1)
+        return context.get_dummy_value()
+
+    typer.__name__ = f"weighted_rows_{n_rows}"
+    return intrinsic(typer)
+
+
+_add_weighted_rows = _weighted_rows_intrinsic(1)
+_add_weighted_rows.__doc__ = """``out.flat[at + r out_stride + j] += sum_i w.flat[w_at + r w_stride + i] m.flat[start + i stride + j]``
+    for ``j < width``, ``i < count`` and each row ``r`` (here one; :data:`_add_weighted_rows_4`: four;
+    float32 C-contiguous arrays), each sum over ``i`` in order, a product then a sum per term: the
+    bits of ``for i: for j: o[j] = o[j] + w[i] * m[i, j]``. Attention's weighted sum of values is this
+    (``w`` the weights, ``m`` the values, ``j`` over ``e``, ``i`` over keys), and so are its scores
+    from the keys transposed (``w`` a query, ``m`` the keys, ``j`` over keys, ``i`` over ``e``).
 
     Written as IR because that loop nest, however ordered in Numba, left the output in memory: a
     load and a store of each ``o[j]`` per pass over the terms. Here the output is taken
-    :data:`ROW_BLOCK` floats at a time, held in registers across all ``count`` terms (eight
-    independent chains of eight lanes), then the rest eight and one at a time. The block sizes
-    change no bits: each ``j`` is summed on its own."""
-    if not all(isinstance(a, types.Array) and a.dtype == types.float32 and a.layout == "C" for a in (w, m, out)):
-        return None
-
-    def codegen(context, builder, signature, args):
-        w_a, m_a, out_a = (context.make_array(signature.args[i])(context, builder, args[i]) for i in (0, 2, 7))
-        w_at_, start_, stride_, count_, width_, at_ = (context.cast(builder, args[i], signature.args[i], types.intp)
-                                                        for i in (1, 3, 4, 5, 6, 8))
-        intp = at_.type
-        w_ptr, rows, o = (builder.gep(w_a.data, [w_at_]), builder.gep(m_a.data, [start_]),
-                          builder.gep(out_a.data, [at_]))
-        wide = builder.udiv(width_, ir.Constant(intp, ROW_BLOCK))
-        with cgutils.for_range(builder, wide) as blocks:
-            j0 = builder.mul(blocks.index, ir.Constant(intp, ROW_BLOCK))
-            _weighted_block(builder, w_ptr, count_, rows, stride_, o, j0, ROW_BLOCK // 8, 8)
-        done = builder.mul(wide, ir.Constant(intp, ROW_BLOCK))
-        eights = builder.udiv(builder.sub(width_, done), ir.Constant(intp, 8))
-        with cgutils.for_range(builder, eights) as blocks:
-            j0 = builder.add(done, builder.mul(blocks.index, ir.Constant(intp, 8)))
-            _weighted_block(builder, w_ptr, count_, rows, stride_, o, j0, 1, 8)
-        done = builder.add(done, builder.mul(eights, ir.Constant(intp, 8)))
-        with cgutils.for_range(builder, builder.sub(width_, done)) as rest:
-            _weighted_block(builder, w_ptr, count_, rows, stride_, o, builder.add(done, rest.index), 1, 1)
-        return context.get_dummy_value()
-
-    return types.void(w, w_at, m, start, stride, count, width, out, at), codegen
+    :data:`ROW_BLOCK` floats at a time (shared among the rows), held in registers across all
+    ``count`` terms (independent chains of eight lanes), then the rest eight and one at a time; each
+    ``m`` term is loaded once for all rows. The block sizes change no bits: each ``j`` is summed on its own."""
+#: four rows at once: four queries' scores against the same keys
+_add_weighted_rows_4 = _weighted_rows_intrinsic(4)
 
 
 _EXP_HI = np.float32(88.72283)  # the clamp above; from 127.5 ln 2 = 88.38 on, 2**n is 2**128 = inf: +inf
@@ -274,6 +296,10 @@ def swiglu(gate, up):
 NO_OPTIONS = (0, np.float32(0), np.float32(0))
 
 
+#: queries whose scores :func:`attention` sums together in a prompt (each key loaded once for all)
+QUERY_TILE = 4
+
+
 #: from this many queries on, :func:`attention` transposes the keys once (``[Hkv, D, Tk]``) and each
 #: pair sums its scores with SIMD across keys; fewer (a decode step's one) read the keys in place,
 #: eight at a time. Both sum each score in the order ``e = 0, 1, ..., D - 1``, so they give the same
@@ -361,7 +387,7 @@ def _weigh(scores, n, v, kh, first, out, t, h, softcap, scale):
     for s in range(n):
         scores[s] = scores[s] * inv
     hkv = v.shape[1]  # v [Tk, Hkv, D]: key first + s of head kh at ((first + s) Hkv + kh) D
-    _add_weighted_rows(scores, 0, v, (first * hkv + kh) * dim, hkv * dim, n, dim, out, (t * out.shape[1] + h) * dim)
+    _add_weighted_rows(scores, 0, 0, v, (first * hkv + kh) * dim, hkv * dim, n, dim, out, (t * out.shape[1] + h) * dim, 0)
 
 
 @njit(cache=True, inline="always")
@@ -411,8 +437,21 @@ def attention(q, k, v, window, softcap, scale):
             for s in range(tk):
                 kt[kh, e, s] = k[s, kh, e]
     out = np.zeros((tq, hq, dim), np.float32)
-    for pair in prange(tq * hq):
-        t, h = _folded(pair // hq, tq), pair % hq
+    # a prompt's queries four at a time (without a window: all four see keys 0 ..): their scores in one
+    # pass over the keys, each key loaded once for the four (_add_weighted_rows_4), each score the
+    # same sum in the same order as alone. The queries after the last whole tile go one by one
+    tiles = tq // QUERY_TILE if transposed and window <= 0 else 0
+    for unit in prange(tiles * hq):
+        t0, h = _folded(unit // hq, tiles) * QUERY_TILE, unit % hq
+        kh = h // group
+        n_max = tk - tq + t0 + QUERY_TILE  # the tile's last query sees this many keys
+        scores = np.zeros((QUERY_TILE, n_max), np.float32)
+        _add_weighted_rows_4(q, (t0 * hq + h) * dim, hq * dim, kt, kh * dim * tk, tk, dim, n_max, scores, 0, n_max)
+        for r in range(QUERY_TILE):
+            _weigh(scores[r], tk - tq + t0 + r + 1, vh, 0, kh * tk, out, t0 + r, h, softcap, scale)
+    done = tiles * QUERY_TILE
+    for pair in prange((tq - done) * hq):
+        t, h = done + _folded(pair // hq, tq - done), pair % hq
         limit = tk - tq + t + 1
         first = max(0, limit - window) if window > 0 else 0
         scores = np.empty(limit - first, np.float32)
