@@ -365,12 +365,11 @@ def _scores_transposed(q, t, h, kt, kh, first, limit, scores):
 
 
 @njit(cache=True, error_model="numpy")
-def _weigh(scores, n, v, kh, first, out, t, h, softcap, scale):
-    """From ``scores[:n]`` (``q . k`` of keys ``first ..``): scaled (``scale`` > 0, else ``1 / sqrt(D)``),
-    soft-capped (``softcap`` > 0: ``softcap * tanh(s / softcap)``), softmax (:func:`exp32`, the sum in
-    :func:`_lane_sum`'s order), and the weighted sum of
-    ``v[first:first + n, kh]`` (``v [Tk, Hkv, D]``) added to ``out[t, h]``."""
-    dim = out.shape[2]
+def _softmax_weights(scores, n, dim, softcap, scale):
+    """``scores[:n]`` (``q . k``) into the softmax's weights, in place: scaled (``scale`` > 0, else
+    ``1 / sqrt(dim)``), soft-capped (``softcap`` > 0: ``softcap * tanh(s / softcap)``), ``exp``
+    (:func:`exp32`) of each less the largest, divided by their sum in :func:`_lane_sum`'s order
+    (multiplied by its inverse)."""
     if scale <= 0:
         scale = np.float32(1.0 / math.sqrt(dim))
     for s in range(n):
@@ -386,6 +385,15 @@ def _weigh(scores, n, v, kh, first, out, t, h, softcap, scale):
     inv = np.float32(1) / _lane_sum(scores, n)
     for s in range(n):
         scores[s] = scores[s] * inv
+
+
+@njit(cache=True, error_model="numpy")
+def _weigh(scores, n, v, kh, first, out, t, h, softcap, scale):
+    """From ``scores[:n]`` (``q . k`` of keys ``first ..``): the softmax's weights (:func:`_softmax_weights`)
+    and the weighted sum of ``v[first:first + n, kh]`` (``v [Tk, Hkv, D]``, C-contiguous) added to
+    ``out[t, h]``, key by key in order (:func:`_add_weighted_rows`)."""
+    dim = out.shape[2]
+    _softmax_weights(scores, n, dim, softcap, scale)
     hkv = v.shape[1]  # v [Tk, Hkv, D]: key first + s of head kh at ((first + s) Hkv + kh) D
     _add_weighted_rows(scores, 0, 0, v, (first * hkv + kh) * dim, hkv * dim, n, dim, out, (t * out.shape[1] + h) * dim, 0)
 
@@ -447,8 +455,16 @@ def attention(q, k, v, window, softcap, scale):
         n_max = tk - tq + t0 + QUERY_TILE  # the tile's last query sees this many keys
         scores = np.zeros((QUERY_TILE, n_max), np.float32)
         _add_weighted_rows_4(q, (t0 * hq + h) * dim, hq * dim, kt, kh * dim * tk, tk, dim, n_max, scores, 0, n_max)
+        n_min = n_max - QUERY_TILE + 1  # the tile's first query sees this many
         for r in range(QUERY_TILE):
-            _weigh(scores[r], tk - tq + t0 + r + 1, vh, 0, kh * tk, out, t0 + r, h, softcap, scale)
+            _softmax_weights(scores[r], n_min + r, dim, softcap, scale)
+        # the values: keys 0 .. n_min - 1 for the four together (each value row loaded once), then each
+        # query's own last keys, continuing its sums in the same order
+        at = (t0 * hq + h) * dim
+        _add_weighted_rows_4(scores, 0, n_max, vh, kh * tk * dim, dim, n_min, dim, out, at, hq * dim)
+        for r in range(1, QUERY_TILE):
+            _add_weighted_rows(scores, r * n_max + n_min, 0, vh, (kh * tk + n_min) * dim, dim, r, dim, out,
+                               at + r * hq * dim, 0)
     done = tiles * QUERY_TILE
     for pair in prange((tq - done) * hq):
         t, h = done + _folded(pair // hq, tq - done), pair % hq
