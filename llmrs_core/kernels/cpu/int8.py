@@ -195,22 +195,37 @@ class _Activations:
         return self._at(self.scales_per_row, j, index)
 
 
-def _by_super_block(builder, nb, n_t: int, totals: int, add_block, finish) -> None:
+def _by_super_block(builder, nb, group, super_scales, xd, x, x_per_super: int, accs, add_block) -> None:
     """The K-quants' loop, in ggml's arithmetic: per super-block of eight 32-weight blocks,
     ``add_block(b, sums)`` adds block ``b``'s integer terms (its dot products times the integer
-    sub-block scales) into ``sums[j][i]`` (activation row ``j``'s ``i``-th of ``totals`` int32 vectors:
-    exact), then ``finish(s, sums)`` turns super-block ``s``'s sums into float32, one step per 256
-    weights instead of one per block. ``sums`` are read and written with ``builder.load``/``store``."""
+    sub-block scales) into ``sums[j][i]`` (activation row ``j``'s ``i``-th int32 vector: exact; ``sums``
+    are pointers, for ``builder.load``/``store``), then each ``float(sums[j][i]) * (super_scales[i] * d_x)``
+    is added into ``accs[j]`` with a fused multiply-add: one float step per 256 weights instead of one per
+    block. ``super_scales``: arrays ``[groups, nb / 8 * GROUP_ROWS]`` (Q4_K's ``d`` and ``-dmin``, Q6_K's
+    ``d``); ``d_x`` is ``xd`` at the super-block's first of its ``x_per_super`` activation scales (Q8_K's
+    one ``d``, repeated per block)."""
+    intp = nb.type
     zero = ir.Constant(_V8I32, [0] * 8)
-    sums = [[cgutils.alloca_once_value(builder, zero) for _ in range(totals)] for _ in range(n_t)]
-    eight = ir.Constant(nb.type, 8)
-    with cgutils.for_range(builder, builder.udiv(nb, eight)) as outer:
+    fma = _declare(builder.module, "llvm.fma.v8f32", _V8F, [_V8F, _V8F, _V8F])
+    sums = [[cgutils.alloca_once_value(builder, zero) for _ in super_scales] for _ in accs]
+    eight = ir.Constant(intp, 8)
+    n_super = builder.udiv(nb, eight)
+    with cgutils.for_range(builder, n_super) as outer:
+        s = outer.index
         for row in sums:
             for total in row:
                 builder.store(zero, total)
         with cgutils.for_range(builder, eight) as inner:
-            add_block(builder.add(builder.mul(outer.index, eight), inner.index), sums)
-        finish(outer.index, sums)
+            add_block(builder.add(builder.mul(s, eight), inner.index), sums)
+        at_super = builder.mul(builder.add(builder.mul(group, n_super), s), ir.Constant(intp, GROUP_ROWS))
+        w_scales = [_load(builder, a, at_super, _V8F) for a in super_scales]
+        for j, acc_ptr in enumerate(accs):
+            x_at = x.scale(j, builder.mul(s, ir.Constant(intp, x_per_super)))
+            x_scale = _splat(builder, builder.load(builder.gep(xd, [x_at])), _V8F)
+            acc = builder.load(acc_ptr)
+            for total, w_scale in zip(sums[j], w_scales):
+                acc = builder.call(fma, [builder.sitofp(builder.load(total), _V8F), builder.fmul(w_scale, x_scale), acc])
+            builder.store(acc, acc_ptr)
 
 
 def _add_into(builder, total, value) -> None:
@@ -316,18 +331,8 @@ def _rows_dot(context, builder, signature, args, form: str, vnni: bool, n_t: int
                 code_sum = _splat(builder, builder.load(builder.gep(xs, [x.scale(j, b)])), _V8I32)
                 _add_into(builder, totals[j][1], builder.mul(mn_v, code_sum))
 
-        def finish(s, totals):  # d d_x I + (-dmin) d_x M
-            at_super = builder.mul(builder.add(builder.mul(group, builder.udiv(nb, const(8))), s), const(GROUP_ROWS))
-            w_scale, w_min = _load(builder, d_super, at_super, _V8F), _load(builder, m_super, at_super, _V8F)
-            for j in range(n_t):
-                x_scale = _splat(builder, builder.load(builder.gep(xd, [x.scale(j, builder.mul(s, const(8)))])), _V8F)
-                acc = builder.call(fma, [builder.sitofp(builder.load(totals[j][0]), _V8F),
-                                         builder.fmul(w_scale, x_scale), builder.load(accs[j])])
-                acc = builder.call(fma, [builder.sitofp(builder.load(totals[j][1]), _V8F),
-                                         builder.fmul(w_min, x_scale), acc])
-                builder.store(acc, accs[j])
-
-        _by_super_block(builder, nb, n_t, 2, add_block, finish)
+        # acc += I (d d_x) + M (-dmin d_x)
+        _by_super_block(builder, nb, group, (d_super, m_super), xd, x, 8, accs, add_block)
         _store_rows(builder, out, out_cols, accs, group, t)
         return
     with cgutils.for_range(builder, nb) as loop:
@@ -456,17 +461,7 @@ def _rows_dot_planes(context, builder, signature, args, hbits: int, bias: int, b
                 for j in range(n_t):
                     _add_into(builder, totals[j][0], builder.mul(ints[j][h], sc_v))
 
-        def finish(s, totals):
-            at_super = builder.mul(builder.add(builder.mul(group, builder.udiv(nb, const(8))), s), const(GROUP_ROWS))
-            w_scale = _load(builder, d, at_super, _V8F)
-            for j in range(n_t):
-                x_at = x.scale(j, builder.mul(s, const(8 * halves)))  # the super-block's first scale: Q8_K's d
-                x_scale = _splat(builder, builder.load(builder.gep(xd, [x_at])), _V8F)
-                acc = builder.call(fma, [builder.sitofp(builder.load(totals[j][0]), _V8F),
-                                         builder.fmul(w_scale, x_scale), builder.load(accs[j])])
-                builder.store(acc, accs[j])
-
-        _by_super_block(builder, nb, n_t, 1, add_block, finish)
+        _by_super_block(builder, nb, group, (d,), xd, x, 8 * halves, accs, add_block)
         _store_rows(builder, out, out_cols, accs, group, t)
         return
     with cgutils.for_range(builder, nb) as loop:
