@@ -1,9 +1,8 @@
 """The int8 decode path: activations quantised to 8 bits, integer dot products (chapter 8, "int8").
 
-llama.cpp's CPU decode does not multiply 4-bit weights by float
-activations. It quantises ``x`` first, as the weight type's ``vec_dot_type``
-says (:mod:`.activations`: Q8_0 or Q8_1 per 32 values, Q8_K per 256 for the
-K-quants), to int8 codes ``q_x`` with a scale ``d_x`` per block and
+llama.cpp's CPU decode does not multiply 4-bit weights by float activations. It quantises ``x``
+first, as the weight type's ``vec_dot_type`` says (:mod:`.activations`: Q8_0 or Q8_1 per 32 values,
+Q8_K per 256 for the K-quants), to int8 codes ``q_x`` with a scale ``d_x`` per block and
 ``s_x = d_x * sum(q_x)``. Then per block of weights ``w = d_w q_w + m_w`` (the Q4 form)
 or ``w = d_w q_w`` (signed codes)::
 
@@ -13,11 +12,9 @@ where ``q_w . q_x`` is a dot product of integers, exact in int32: two AVX2
 instructions per 32 weights, or one with AVX-512 VNNI (the intrinsics below). What it costs: each
 activation moves by up to half its block's step ``d_x / 2`` (a relative
 error of about 1/254 of the block's largest value); rounded as llama.cpp rounds them, the
-codes are llama.cpp's own, and the products agree with its to float32 rounding.
-
-The K-quants' copies (Q4_K, Q6_K, Q3_K) keep their integer sub-block scales, and apply them as
-ggml does: per super-block of 256 weights, ``sum_b sc_b (q_w . q_x)_b`` (and Q4_K's
-``sum_b mn_b sum(q_x)_b``) in int32, then one float step with ``d_w d_x``.
+codes are llama.cpp's own, and the products agree with its to float32 rounding. The K-quants
+(Q4_K, Q6_K, Q3_K) apply their integer sub-block scales as ggml does: per super-block of 256,
+``sum_b sc_b (q_w . q_x)_b`` (and Q4_K's ``sum_b mn_b sum(q_x)_b``) in int32, then one float step.
 
 The kernels read a copy of each matrix of their own (:class:`Int8Rows`, made
 from a :class:`~.packing.PackedMatrix` at load, forms ``"q4"``, ``"q4k"``, ``"q8"``,
@@ -25,9 +22,8 @@ from a :class:`~.packing.PackedMatrix` at load, forms ``"q4"``, ``"q4k"``, ``"q8
 time, so one integer dot product leaves each row's exact int32 sum in a lane of its
 own. The layout and each form's bytes: chapter 8 ("The int8 copy's layout").
 
-:func:`int8_unavailable` is the dispatch: the int8 kernels exist only for
-x86-64 targets with AVX2, and are compiled only when it returns None;
-:func:`int8_instructions` says which dot product they are compiled with.
+:func:`int8_unavailable` is the dispatch: the int8 kernels exist only for x86-64 targets with AVX2,
+compiled only when it returns None; :func:`int8_instructions` says which dot product they use.
 
 Shapes: ``x [T, cols]`` float32; ``xq [T, cols]`` int8, ``xd``, ``xs``
 ``[T, cols / 32]`` float32; output ``[T, rows]`` float32.
