@@ -41,6 +41,7 @@ from numba import njit, prange
 from ..attention import PLAIN, AttentionOptions, attention_with_options
 from ..kernels.cpu import matmul as kmatmul
 from ..kernels.cpu import ops
+from ..kernels.cpu.heap import keep_freed_buffers
 from ..kernels.cpu.int8 import (
     Int8Rows,
     int8_instructions,
@@ -101,6 +102,7 @@ class NumbaBackend(Backend):
 
     def __init__(self, threads: int | None = None, exact: bool = False, compiled_decode: bool | None = None):
         self.threads = set_threads(threads)
+        keep_freed_buffers()  # a prompt's large temporaries reused, not faulted in again per product
         #: run decode steps through the compiled layer loop (``backends.numba_decode``) on the int8 path:
         #: on unless switched off (here or by ``LLMRS_COMPILED_DECODE=0``), see :meth:`decode_program`
         self.compiled_decode = (os.environ.get("LLMRS_COMPILED_DECODE") != "0") if compiled_decode is None \
