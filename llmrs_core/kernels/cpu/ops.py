@@ -425,6 +425,7 @@ def attention(q, k, v, window, softcap, scale):
     tq, hq, dim = q.shape
     tk, hkv = k.shape[0], k.shape[1]
     group = hq // hkv
+    q = np.ascontiguousarray(q)  # the four-query tiles read it through _add_weighted_rows_4 (no copy if it is)
     transposed = tq >= TRANSPOSE_QUERIES
     kt = np.empty((hkv, dim, tk if transposed else 0), np.float32)
     # a prompt's values head-major, [Hkv * Tk, 1, D]: key s of head kh is row kh * Tk + s, so a head's
