@@ -93,7 +93,9 @@ def rounding_bound(terms: np.ndarray) -> np.ndarray:
     the row's accumulator with a fused multiply-add (one rounding) and the offset term with
     another: ``2 nb`` terms added one after the other. Each passes through at most ``2 nb + 1``
     roundings of relative size u = 2^-24, so the error is at most ``gamma_(2nb+1) * sum |terms|``,
-    ``gamma_n = n u / (1 - n u)`` (Higham, ch. 3).
+    ``gamma_n = n u / (1 - n u)`` (Higham, ch. 3). The K-quant forms (``q4k``, ``q6_k``, ``q3_k``) add
+    their blocks in int32 and round once per 256 weights (a conversion, a product of scales, a fused
+    multiply-add per term): fewer roundings of partial sums no larger in magnitude, within the same bound.
     """
     n = 2 * terms.shape[-2] + 1
     gamma = n * FLOAT32_ROUNDING / (1 - n * FLOAT32_ROUNDING)
