@@ -438,13 +438,12 @@ def attention(q, k, v, window, softcap, scale):
             kh, s = row // tk, row % tk
             for e in range(dim):
                 vh[row, 0, e] = v[s, kh, e]
-    else:
-        vh = np.ascontiguousarray(v)  # _add_weighted_rows reads rows of a C-contiguous array
-    if transposed:
         for row in prange(hkv * dim):
             kh, e = row // dim, row % dim
             for s in range(tk):
                 kt[kh, e, s] = k[s, kh, e]
+    else:
+        vh = np.ascontiguousarray(v)  # _add_weighted_rows reads rows of a C-contiguous array
     out = np.zeros((tq, hq, dim), np.float32)
     # a prompt's queries four at a time (without a window: all four see keys 0 ..): their scores in one
     # pass over the keys, each key loaded once for the four (_add_weighted_rows_4), each score the
